@@ -1,0 +1,5 @@
+import sys
+
+from rankopt.cli import main
+
+sys.exit(main())

@@ -1,0 +1,66 @@
+"""Input validation shared by metrics, losses and the engine.
+
+Every check raises ``ValueError`` (or ``TypeError`` for dtypes) with a message
+that names the argument and the offending rows, so that bad input never turns
+into a silent NaN.
+"""
+
+from __future__ import annotations
+
+import torch
+
+_MAX_LISTED = 5
+
+
+def _rows(idx: torch.Tensor) -> str:
+    rows = idx.flatten().tolist()
+    shown = ", ".join(str(r) for r in rows[:_MAX_LISTED])
+    more = f" and {len(rows) - _MAX_LISTED} more" if len(rows) > _MAX_LISTED else ""
+    return f"{shown}{more}"
+
+
+def check_embeddings(x: torch.Tensor, name: str = "embeddings", min_rows: int = 1) -> torch.Tensor:
+    """Check a ``(N, D)`` floating tensor with finite values and at least ``min_rows`` rows."""
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
+    if x.ndim != 2:
+        raise ValueError(f"{name} must have shape (N, D), got {tuple(x.shape)}")
+    if not x.is_floating_point():
+        raise TypeError(f"{name} must be a floating tensor, got {x.dtype}")
+    if x.shape[0] < min_rows:
+        raise ValueError(f"{name} has {x.shape[0]} rows; at least {min_rows} needed")
+    if x.shape[1] == 0:
+        raise ValueError(f"{name} has 0 dimensions")
+    bad = ~torch.isfinite(x).all(dim=1)
+    if bool(bad.any()):
+        idx = bad.nonzero().flatten()
+        raise ValueError(f"{name} has {idx.numel()} row(s) with NaN or Inf values: rows {_rows(idx)}")
+    return x
+
+
+def check_labels(labels: torch.Tensor, num_rows: int, name: str = "labels") -> torch.Tensor:
+    """Check 1-D ``(N,)`` or 2-D ``(N, L)`` integer labels with ``N == num_rows``.
+
+    Returns the labels as a ``(N, L)`` int64 matrix (column 0 = finest level,
+    last column = coarsest), the convention used throughout rankopt.
+    """
+    if not isinstance(labels, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(labels).__name__}")
+    if labels.dtype.is_floating_point or labels.dtype.is_complex or labels.dtype == torch.bool:
+        raise TypeError(f"{name} must be an integer tensor, got {labels.dtype}")
+    if labels.ndim == 1:
+        labels = labels.unsqueeze(1)
+    elif labels.ndim != 2:
+        raise ValueError(f"{name} must have shape (N,) or (N, L), got {tuple(labels.shape)}")
+    if labels.shape[0] != num_rows:
+        raise ValueError(f"{name} has {labels.shape[0]} rows but the embeddings have {num_rows}")
+    if labels.shape[1] == 0:
+        raise ValueError(f"{name} has 0 levels")
+    return labels.long()
+
+
+def check_finite_scalar(value: torch.Tensor, what: str) -> torch.Tensor:
+    """Raise if a loss (or any scalar) is NaN or Inf."""
+    if not bool(torch.isfinite(value).all()):
+        raise FloatingPointError(f"{what} is not finite ({value.detach().flatten()[:4].tolist()})")
+    return value

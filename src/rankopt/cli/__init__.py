@@ -1,0 +1,52 @@
+"""The ``rankopt`` command line: one sub-command per module of this package.
+
+Each module exposes ``register(subparsers)``, which adds its sub-command(s) and
+sets ``func`` to the function that runs it. Modules keep heavy imports inside
+their run functions so that ``rankopt --help`` stays instant.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from collections.abc import Sequence
+
+SUBCOMMAND_MODULES = ("train", "evaluate", "embed", "evaluate_embeddings", "datasets")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from rankopt import __version__
+
+    parser = argparse.ArgumentParser(
+        prog="rankopt",
+        description="Train and evaluate image-retrieval embeddings by directly optimizing rank metrics.",
+    )
+    parser.add_argument("--version", action="version", version=f"rankopt {__version__}")
+    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name in SUBCOMMAND_MODULES:
+        importlib.import_module(f"rankopt.cli.{name}").register(subparsers)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if getattr(args, "func", None) is None:
+        parser.print_help()
+        return 2
+    try:
+        return int(args.func(args) or 0)
+    except (ValueError, FileNotFoundError, KeyError, TypeError, FloatingPointError) as err:
+        # Bad input: a clear one-line error, no traceback. RANKOPT_DEBUG=1 shows it.
+        import os
+
+        if os.environ.get("RANKOPT_DEBUG"):
+            raise
+        msg = err.args[0] if isinstance(err, KeyError) and err.args else err
+        print(f"rankopt {args.command}: error: {msg}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,36 @@
+"""Shared fixtures. Real data (Omniglot) is read from a path outside the project;
+tests that need it skip cleanly where it is absent."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+import torch
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+
+
+def omniglot_root() -> Path | None:
+    env = os.environ.get("RANKOPT_OMNIGLOT")
+    candidates = [Path(env)] if env else []
+    candidates.append(REPO_ROOT.parent / "shared" / "data" / "omniglot")
+    for path in candidates:
+        if (path / "images_background.zip").exists() or (path / "images_background").is_dir():
+            return path
+    return None
+
+
+@pytest.fixture
+def omniglot() -> Path:
+    root = omniglot_root()
+    if root is None:
+        pytest.skip("Omniglot not found (set RANKOPT_OMNIGLOT or place it in ../shared/data/omniglot)")
+    return root
+
+
+@pytest.fixture(autouse=True)
+def _deterministic_threads():
+    torch.manual_seed(0)
+    yield

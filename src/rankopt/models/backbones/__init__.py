@@ -1,0 +1,69 @@
+"""The ``BACKBONES`` registry and :func:`build_backbone`.
+
+A backbone is an ``nn.Module`` with an int attribute ``num_features`` whose
+forward returns either a ``(B, C, H, W)`` feature map (CNNs, pooled by the
+retrieval head) or a ``(B, C)`` descriptor (ViTs: the CLS token).
+
+Built in (pure torch, no timm needed): ``convnet_tiny``, ``convnet_small`` (fast
+CPU nets), ``resnet18/34/50/101`` and ``deit_small_distilled_patch16_224``,
+``deit_small_patch16_224``, ``vit_base_patch16_224`` with timm/torchvision
+``state_dict`` names. ``timm:<name>`` builds any timm model (lazy import).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from torch import nn
+
+from rankopt.models.backbones.convnet import convnet_small, convnet_tiny
+from rankopt.models.backbones.pretrained import load_pretrained
+from rankopt.models.backbones.resnet import RESNET_LAYOUTS, resnet
+from rankopt.models.backbones.timm_backbone import TimmBackbone
+from rankopt.models.backbones.vit import VIT_LAYOUTS, vit
+from rankopt.registry import Registry
+
+TIMM_PREFIX = "timm:"
+
+
+@dataclass(frozen=True)
+class BuiltinBackbone:
+    """A registered constructor and the timm name whose weights it can load (None: no published weights)."""
+
+    build: Callable[..., nn.Module]
+    timm_name: str | None = None
+
+    def __call__(self, **kwargs: Any) -> nn.Module:
+        return self.build(**kwargs)
+
+
+BACKBONES: Registry[nn.Module] = Registry("backbone")
+BACKBONES.register("convnet_tiny")(BuiltinBackbone(convnet_tiny))
+BACKBONES.register("convnet_small")(BuiltinBackbone(convnet_small))
+for _name in RESNET_LAYOUTS:
+    BACKBONES.register(_name)(BuiltinBackbone(lambda _n=_name, **kw: resnet(_n, **kw), _name))
+for _name in VIT_LAYOUTS:
+    BACKBONES.register(_name)(BuiltinBackbone(lambda _n=_name, **kw: vit(_n, **kw), _name))
+
+
+def build_backbone(name: str, pretrained: bool = False, pretrained_path: str | Path | None = None, **kwargs: Any) -> nn.Module:
+    """Build a registered backbone or ``timm:<name>``; load weights when ``pretrained``.
+
+    Weights come from ``pretrained_path`` when given, otherwise from timm (which
+    must be installed and able to reach its hub).
+    """
+    if pretrained_path is not None and not pretrained:
+        raise ValueError("pretrained_path is given but pretrained=False; set pretrained=True to load it")
+    if name.startswith(TIMM_PREFIX):
+        return TimmBackbone(name[len(TIMM_PREFIX) :], pretrained=pretrained, pretrained_path=pretrained_path, **kwargs)
+    factory = BACKBONES.get(name)
+    backbone = factory(**kwargs)
+    if pretrained:
+        load_pretrained(backbone, getattr(factory, "timm_name", None), pretrained_path)
+    return backbone
+
+
+__all__ = ["BACKBONES", "BuiltinBackbone", "TIMM_PREFIX", "build_backbone"]

@@ -1,0 +1,144 @@
+"""The retrieval network: backbone -> pooling -> [LayerNorm] -> [Linear] -> L2 normalisation."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from rankopt.checks import check_embeddings
+from rankopt.models.backbones import build_backbone
+from rankopt.models.batchnorm import freeze_batchnorm_statistics
+from rankopt.models.pooling import build_pooling
+
+
+class RetrievalNet(nn.Module):
+    """``e = normalize(W · LN(pool(backbone(x))) + b)``, ``(B, embedding_dim)`` with unit L2 norm.
+
+    * ``backbone``: a module with ``num_features`` returning a ``(B, C, H, W)`` map
+      (pooled by ``pooling``) or a ``(B, C)`` descriptor (ViT CLS token, not pooled).
+    * ``layer_norm``: LayerNorm over the C channels without affine parameters.
+    * ``embedding_dim``: adds a ``Linear(C, embedding_dim)`` projection (None: no projection,
+      ``embedding_dim = C``); :meth:`init_projection_pca` initialises it by PCA.
+    * ``freeze_bn``: BatchNorm layers stay in eval mode through ``train()`` (see
+      :mod:`rankopt.models.batchnorm`); their gamma/beta stay trainable.
+    """
+
+    def __init__(
+        self,
+        backbone: nn.Module,
+        pooling: nn.Module,
+        *,
+        layer_norm: bool = False,
+        embedding_dim: int | None = None,
+        freeze_bn: bool = True,
+    ) -> None:
+        super().__init__()
+        feature_dim = int(backbone.num_features)  # type: ignore[arg-type]
+        if embedding_dim is not None and embedding_dim < 1:
+            raise ValueError(f"embedding_dim must be a positive int or None, got {embedding_dim}")
+        self.backbone = backbone
+        self.pooling = pooling
+        self.norm = nn.LayerNorm(feature_dim, elementwise_affine=False) if layer_norm else nn.Identity()
+        self.projection = nn.Linear(feature_dim, embedding_dim) if embedding_dim is not None else None
+        self.feature_dim = feature_dim
+        self.embedding_dim = embedding_dim if embedding_dim is not None else feature_dim
+        self.freeze_bn = freeze_bn
+        self.train(self.training)
+
+    def train(self, mode: bool = True) -> RetrievalNet:
+        """Set train/eval mode; with ``freeze_bn`` every BatchNorm (incl. SyncBatchNorm) stays in eval mode."""
+        super().train(mode)
+        if self.freeze_bn:
+            freeze_batchnorm_statistics(self)
+        return self
+
+    def descriptors(self, images: Tensor) -> Tensor:
+        """Pooled (and LayerNormed) backbone descriptors before the projection, ``(B, feature_dim)``."""
+        if images.ndim != 4:
+            raise ValueError(f"images must have shape (B, C, H, W), got {tuple(images.shape)}")
+        features = self.backbone(images)
+        if features.ndim == 4:
+            features = self.pooling(features)
+        return self.norm(features)
+
+    def forward(self, images: Tensor) -> Tensor:
+        x = self.descriptors(images)
+        if self.projection is not None:
+            x = self.projection(x)
+        return F.normalize(x, dim=-1)
+
+    def backbone_parameters(self) -> Iterator[nn.Parameter]:
+        """Parameters of the backbone (the "backbone" optimizer group)."""
+        return self.backbone.parameters()
+
+    def head_parameters(self) -> Iterator[nn.Parameter]:
+        """Parameters of the head: the projection and a learnable GeM ``p`` (the "head" group)."""
+        yield from self.pooling.parameters()
+        if self.projection is not None:
+            yield from self.projection.parameters()
+
+    @torch.no_grad()
+    def init_projection_pca(self, features: Tensor) -> None:
+        """Initialise the projection as PCA of training ``descriptors`` ``features`` (N, feature_dim).
+
+        With ``mu`` the mean and ``V_k`` the top-``k`` right singular vectors of the
+        centred features (rows, sign fixed so each row's largest-magnitude entry is
+        positive): ``W = V_k``, ``b = -V_k mu``, hence ``W x + b = V_k (x - mu)``, the
+        coordinates on the first ``k = embedding_dim`` principal components.
+        """
+        if self.projection is None:
+            raise RuntimeError("init_projection_pca needs a projection layer; create the model with embedding_dim=")
+        check_embeddings(features, "features", min_rows=2)
+        k = self.embedding_dim
+        if features.shape[1] != self.feature_dim:
+            raise ValueError(f"features have {features.shape[1]} dimensions; the descriptors have {self.feature_dim}")
+        if k > min(features.shape[0] - 1, self.feature_dim):
+            raise ValueError(
+                f"PCA to embedding_dim={k} needs more than {k} feature rows and feature_dim >= {k}; "
+                f"got {features.shape[0]} rows of dimension {self.feature_dim}"
+            )
+        x = features.double()
+        mean = x.mean(dim=0)
+        _, _, vh = torch.linalg.svd(x - mean, full_matrices=False)
+        components = vh[:k]
+        pivot = components.abs().argmax(dim=1, keepdim=True)
+        components = components * components.gather(1, pivot).sign()
+        self.projection.weight.copy_(components)
+        self.projection.bias.copy_(-(components @ mean))
+
+
+def create_model(
+    backbone: str,
+    *,
+    pretrained: bool = False,
+    pooling: str = "avg",
+    gem_p: float = 3.0,
+    gem_learnable: bool = True,
+    layer_norm: bool = False,
+    embedding_dim: int | None = None,
+    freeze_bn: bool = True,
+    pretrained_path: str | Path | None = None,
+    **backbone_kwargs: Any,
+) -> RetrievalNet:
+    """Build a :class:`RetrievalNet` from a ``BACKBONES`` name or ``timm:<name>``.
+
+    ``pretrained`` loads timm/torchvision weights (from ``pretrained_path`` when
+    given, else through timm); ``backbone_kwargs`` go to the backbone constructor
+    (e.g. ``img_size`` for ViTs).
+    """
+    net = build_backbone(backbone, pretrained=pretrained, pretrained_path=pretrained_path, **backbone_kwargs)
+    return RetrievalNet(
+        net,
+        build_pooling(pooling, gem_p=gem_p, gem_learnable=gem_learnable),
+        layer_norm=layer_norm,
+        embedding_dim=embedding_dim,
+        freeze_bn=freeze_bn,
+    )
+
+
+__all__ = ["RetrievalNet", "create_model"]

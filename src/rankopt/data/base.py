@@ -1,0 +1,420 @@
+"""The one dataset representation, image decoding, label remapping and the dataset registry.
+
+Every loader turns a dataset's native files into :class:`Items` (paths, raw labels
+finest level first, split of each item, and the ``file:line`` each item came from);
+:meth:`DatasetSpec.__call__` then applies the bad-file policy, remaps every label
+level to contiguous ids (sorted raw values, ``np.unique`` order, so deterministic)
+*jointly over the splits that share identities* (query and gallery; any other split
+alone), and keeps the requested split as a :class:`RetrievalDataset`.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import warnings
+import zipfile
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from PIL import Image, ImageOps, UnidentifiedImageError
+
+from rankopt.registry import Registry
+
+BAD_IMAGE_POLICIES = ("raise", "skip")
+_ZIP_MARK = ".zip" + os.sep
+
+
+class BadImageError(ValueError):
+    """A missing or undecodable image; the message names the file and its dataset line."""
+
+
+class LabelFileError(ValueError):
+    """A malformed annotation file; the message names the file and line number."""
+
+
+def label_file_error(path: str | Path, line: int, problem: str) -> LabelFileError:
+    return LabelFileError(f"{path}:{line}: {problem}")
+
+
+# --------------------------------------------------------------------------- images
+def _split_zip_path(path: str) -> tuple[str, str] | None:
+    """``/a/b.zip/x/y.png`` -> (``/a/b.zip``, ``x/y.png``); None for plain files."""
+    cut = path.find(_ZIP_MARK)
+    if cut < 0:
+        return None
+    return path[: cut + 4], path[cut + 5 :].replace(os.sep, "/")
+
+
+_ZIP_HANDLES: dict[tuple[int, str], zipfile.ZipFile] = {}
+
+
+def _zip_handle(archive: str) -> zipfile.ZipFile:
+    """One open ZipFile per (process, archive): safe with forked DataLoader workers."""
+    key = (os.getpid(), archive)
+    handle = _ZIP_HANDLES.get(key)
+    if handle is None:
+        handle = _ZIP_HANDLES[key] = zipfile.ZipFile(archive)
+    return handle
+
+
+def image_exists(path: str) -> bool:
+    """True if ``path`` (a file, or a member inside a ``.zip`` as ``archive.zip/member``) exists."""
+    parts = _split_zip_path(path)
+    if parts is None:
+        return os.path.isfile(path)
+    archive, member = parts
+    if not os.path.isfile(archive):
+        return False
+    try:
+        _zip_handle(archive).getinfo(member)
+    except KeyError:
+        return False
+    return True
+
+
+def _read_bytes(path: str) -> bytes:
+    parts = _split_zip_path(path)
+    if parts is None:
+        with open(path, "rb") as fh:
+            return fh.read()
+    archive, member = parts
+    return _zip_handle(archive).read(member)
+
+
+def to_rgb(img: Image.Image) -> Image.Image:
+    """Any Pillow mode -> RGB: 1-bit/L/P/CMYK/YCbCr via ``convert``, alpha composited on white,
+    16/32-bit and float grayscale rescaled to 8 bits."""
+    if img.mode == "RGB":
+        return img
+    if img.mode in ("RGBA", "LA", "PA", "RGBa", "La") or (img.mode == "P" and "transparency" in img.info):
+        rgba = img.convert("RGBA")
+        white = Image.new("RGBA", rgba.size, (255, 255, 255, 255))
+        return Image.alpha_composite(white, rgba).convert("RGB")
+    if img.mode.startswith("I") or img.mode == "F":
+        arr = np.asarray(img, dtype=np.float64)
+        top = 65535.0 if img.mode.startswith("I;16") else max(float(arr.max()), 1.0)
+        arr = np.clip(arr / top * 255.0, 0, 255).astype(np.uint8)
+        return Image.fromarray(arr, mode="L").convert("RGB")
+    return img.convert("RGB")
+
+
+def load_image(path: str) -> Image.Image:
+    """Decode an image with Pillow, apply its EXIF orientation and convert it to RGB."""
+    with Image.open(io.BytesIO(_read_bytes(path))) as img:
+        img.load()
+        img = ImageOps.exif_transpose(img)
+        return to_rgb(img)
+
+
+def pil_to_tensor(img: Image.Image) -> torch.Tensor:
+    """RGB PIL image -> FloatTensor (3, H, W) in [0, 1] (numpy, so no intra-op thread pool is woken)."""
+    arr = np.asarray(img, dtype=np.float32) * np.float32(1 / 255)
+    return torch.from_numpy(np.ascontiguousarray(arr.transpose(2, 0, 1)))
+
+
+# --------------------------------------------------------------------------- labels
+def remap_labels(raw: np.ndarray) -> np.ndarray:
+    """Map each column of raw labels to contiguous ids ``0..K-1`` in sorted order of the raw values."""
+    raw = np.asarray(raw)
+    if raw.ndim == 1:
+        raw = raw[:, None]
+    out = np.empty(raw.shape, dtype=np.int64)
+    for level in range(raw.shape[1]):
+        out[:, level] = np.unique(raw[:, level], return_inverse=True)[1].reshape(-1)
+    return out
+
+
+def hierarchy_violations(labels: np.ndarray) -> dict[int, int]:
+    """For each coarser level ``l``, the number of fine classes (column 0) found under more than one
+    level-``l`` label. A consistent hierarchy has none."""
+    out: dict[int, int] = {}
+    fine = labels[:, 0]
+    for level in range(1, labels.shape[1]):
+        pairs = np.unique(np.stack([fine, labels[:, level]], axis=1), axis=0)
+        counts = np.unique(pairs[:, 0], return_counts=True)[1]
+        if (counts > 1).any():
+            out[level] = int((counts > 1).sum())
+    return out
+
+
+# --------------------------------------------------------------------------- items
+@dataclass
+class Items:
+    """What a loader reads from the native files, before remapping.
+
+    ``labels`` is ``(N, L)`` raw values (ints or strings), finest level first; ``splits``
+    gives each item's split; ``sources`` the ``file:line`` it came from. A loader may return
+    more splits than asked for: :func:`finalize` keeps the group of the requested split.
+    ``boxes`` maps an item position to an ``(x1, y1, x2, y2)`` crop (Revisited Oxford/Paris
+    queries); ``extra`` holds per-split metadata copied to the dataset (e.g. ground truth).
+    """
+
+    paths: list[str]
+    labels: np.ndarray
+    splits: np.ndarray
+    sources: list[str]
+    level_names: tuple[str, ...]
+    boxes: dict[int, tuple[float, float, float, float]] = field(default_factory=dict)
+    extra: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+    @classmethod
+    def from_rows(
+        cls,
+        rows: Sequence[tuple[str, Sequence[Any], str, str]],
+        level_names: tuple[str, ...],
+        **kwargs: Any,
+    ) -> Items:
+        """Build from ``(path, raw_labels, split, source)`` rows."""
+        if not rows:
+            return cls([], np.empty((0, len(level_names)), dtype=object), np.empty(0, dtype=object), [], level_names, **kwargs)
+        paths, labels, splits, sources = zip(*rows)
+        label_arr = np.empty((len(rows), len(level_names)), dtype=object)
+        label_arr[:] = [tuple(lab) for lab in labels]
+        return cls(list(paths), label_arr, np.asarray(splits, dtype=object), list(sources), level_names, **kwargs)
+
+
+class RetrievalDataset(torch.utils.data.Dataset):
+    """Images with ``(N, L)`` int64 labels (column 0 finest, last coarsest).
+
+    ``__getitem__(i)`` returns ``{"image": FloatTensor (3, H, W), "label": LongTensor (L,),
+    "index": i, "path": str}``; without a transform the image is the decoded RGB in [0, 1].
+    """
+
+    def __init__(
+        self,
+        paths: Sequence[str],
+        labels: np.ndarray,
+        split: str,
+        level_names: Sequence[str],
+        transform: Callable[[Image.Image], torch.Tensor] | None = None,
+        *,
+        name: str = "custom",
+        sources: Sequence[str] | None = None,
+        boxes: dict[int, tuple[float, float, float, float]] | None = None,
+        metadata: dict[str, Any] | None = None,
+    ) -> None:
+        labels = np.asarray(labels)
+        if labels.ndim == 1:
+            labels = labels[:, None]
+        if labels.ndim != 2 or not np.issubdtype(labels.dtype, np.integer):
+            raise ValueError(f"labels must be an (N, L) integer array, got {labels.dtype} {labels.shape}")
+        if len(paths) != labels.shape[0]:
+            raise ValueError(f"{len(paths)} paths but {labels.shape[0]} label rows")
+        if len(level_names) != labels.shape[1]:
+            raise ValueError(f"{len(level_names)} level names for {labels.shape[1]} label levels")
+        self.name = name
+        self.paths = list(paths)
+        self.labels = labels.astype(np.int64, copy=False)
+        self.split = split
+        self.level_names = tuple(level_names)
+        self.transform = transform
+        self.sources = list(sources) if sources is not None else [f"item {i}" for i in range(len(paths))]
+        self.boxes = dict(boxes or {})
+        self.metadata: dict[str, Any] = dict(metadata or {})
+
+    @property
+    def num_levels(self) -> int:
+        return int(self.labels.shape[1])
+
+    def num_classes(self, level: int = 0) -> int:
+        return int(np.unique(self.labels[:, level]).size) if len(self) else 0
+
+    def __len__(self) -> int:
+        return len(self.paths)
+
+    def load(self, index: int) -> Image.Image:
+        """The decoded RGB image (cropped to its box if it has one)."""
+        path = self.paths[index]
+        try:
+            img = load_image(path)
+        except (OSError, UnidentifiedImageError, ValueError, KeyError, zipfile.BadZipFile) as err:
+            raise BadImageError(f"cannot read image {path!r} (listed at {self.sources[index]}): {err}") from err
+        box = self.boxes.get(index)
+        return img.crop(tuple(int(round(v)) for v in box)) if box is not None else img
+
+    def __getitem__(self, index: int) -> dict[str, Any]:
+        img = self.load(index)
+        image = self.transform(img) if self.transform is not None else pil_to_tensor(img)
+        return {"image": image, "label": torch.from_numpy(self.labels[index]), "index": int(index), "path": self.paths[index]}
+
+    def summary(self) -> dict[str, Any]:
+        """Counts for ``dataset-info``: images and classes per level."""
+        return {
+            "split": self.split,
+            "images": len(self),
+            "classes": {name: self.num_classes(level) for level, name in enumerate(self.level_names)},
+        }
+
+    def __repr__(self) -> str:
+        levels = ", ".join(f"{n}={self.num_classes(i)}" for i, n in enumerate(self.level_names))
+        return f"RetrievalDataset({self.name!r}, split={self.split!r}, images={len(self)}, classes: {levels})"
+
+
+# --------------------------------------------------------------------------- registry
+@dataclass(frozen=True)
+class DatasetSpec:
+    """A registered dataset: how to read it natively and what it should contain.
+
+    ``load(root, split, **kwargs) -> Items`` reads the native files; ``published`` maps a
+    split to the published counts (``"images"`` and one entry per level name).
+    """
+
+    name: str
+    description: str
+    level_names: tuple[str, ...]
+    splits: tuple[str, ...]
+    evaluation_splits: tuple[str, ...]
+    native_files: tuple[str, ...]
+    load: Callable[..., Items]
+    published: dict[str, dict[str, int]] = field(default_factory=dict)
+    joint_splits: tuple[str, ...] = ("query", "gallery")
+    needs_root: bool = True
+
+    def group(self, split: str) -> tuple[str, ...]:
+        """The splits remapped together with ``split`` (query and gallery share identities)."""
+        return self.joint_splits if split in self.joint_splits else (split,)
+
+    def __call__(
+        self,
+        root: str | os.PathLike[str] | None = None,
+        split: str = "train",
+        transform: Callable[[Image.Image], torch.Tensor] | None = None,
+        *,
+        on_bad_image: str = "raise",
+        verify_images: bool = True,
+        **kwargs: Any,
+    ) -> RetrievalDataset:
+        if split not in self.splits:
+            raise ValueError(f"dataset {self.name!r} has no split {split!r}; splits: {', '.join(self.splits)}")
+        if on_bad_image not in BAD_IMAGE_POLICIES:
+            raise ValueError(f"on_bad_image must be one of {BAD_IMAGE_POLICIES}, got {on_bad_image!r}")
+        path = require_root(root, self.name) if self.needs_root else (Path(root) if root is not None else None)
+        items = self.load(path, split, **kwargs)
+        return finalize(self.name, items, split, self.group(split), transform, on_bad_image, verify_images)
+
+
+DATASETS: Registry[RetrievalDataset] = Registry("dataset")
+SPECS: dict[str, DatasetSpec] = {}
+
+
+def register_dataset(spec: DatasetSpec, *aliases: str) -> DatasetSpec:
+    for key in (spec.name, *aliases):
+        DATASETS.register(key)(spec)
+        SPECS[key] = spec
+    return spec
+
+
+def require_root(root: str | os.PathLike[str] | None, name: str) -> Path:
+    """The dataset folder, or a clear error if it is missing."""
+    if root is None:
+        raise ValueError(f"dataset {name!r} needs root=<folder with the native files>")
+    path = Path(root).expanduser()
+    if not path.exists():
+        raise FileNotFoundError(f"dataset {name!r}: root folder {str(path)!r} does not exist")
+    if not path.is_dir():
+        raise NotADirectoryError(f"dataset {name!r}: root {str(path)!r} is not a folder")
+    return path
+
+
+def require_file(path: Path, what: str = "annotation file") -> Path:
+    if not path.is_file():
+        raise FileNotFoundError(f"{what} {str(path)!r} not found")
+    return path
+
+
+def read_lines(path: Path, skip: int = 0) -> Iterator[tuple[int, str]]:
+    """Non-empty lines of a text file as ``(1-based line number, stripped text)``."""
+    with open(require_file(path), encoding="utf-8-sig") as fh:
+        for number, line in enumerate(fh, start=1):
+            text = line.strip()
+            if number > skip and text:
+                yield number, text
+
+
+def parse_int(value: str, path: Path, line: int, what: str) -> int:
+    try:
+        return int(value)
+    except ValueError:
+        raise label_file_error(path, line, f"{what} {value!r} is not an integer") from None
+
+
+def split_fields(text: str, count: int, path: Path, line: int, sep: str | None = None) -> list[str]:
+    """Split a line into exactly ``count`` fields or raise a :class:`LabelFileError`."""
+    fields = [f.strip() for f in text.split(sep)] if sep else text.split()
+    if len(fields) != count:
+        raise label_file_error(path, line, f"expected {count} fields, got {len(fields)}: {text[:80]!r}")
+    return fields
+
+
+def _usable(
+    paths: list[str], sources: list[str], on_bad_image: str, name: str, verify: bool
+) -> tuple[np.ndarray, list[str]]:
+    """Keep-mask and descriptions of bad files: missing files always; with ``skip`` (and ``verify``)
+    also files Pillow cannot parse (``Image.verify``: header and structure, without full decoding)."""
+    keep = np.ones(len(paths), dtype=bool)
+    bad: list[str] = []
+    for i, path in enumerate(paths):
+        problem = None
+        if not image_exists(path):
+            problem = "missing"
+        elif on_bad_image == "skip" and verify:
+            try:
+                with Image.open(io.BytesIO(_read_bytes(path))) as img:
+                    img.verify()
+            except Exception as err:  # noqa: BLE001 - any decoder failure means a bad file
+                problem = f"unreadable ({err})"
+        if problem:
+            keep[i] = False
+            bad.append(f"{path} (listed at {sources[i]}): {problem}")
+    if bad and on_bad_image == "raise":
+        shown = "\n  ".join(bad[:5])
+        more = f"\n  ... and {len(bad) - 5} more" if len(bad) > 5 else ""
+        raise BadImageError(
+            f"dataset {name!r}: {len(bad)} image(s) missing:\n  {shown}{more}\n"
+            "(pass on_bad_image='skip' to skip and count bad files)"
+        )
+    if bad:
+        warnings.warn(f"dataset {name!r}: skipped {len(bad)} bad image(s), first: {bad[0]}", stacklevel=3)
+    return keep, bad
+
+
+def finalize(
+    name: str,
+    items: Items,
+    split: str,
+    group: tuple[str, ...],
+    transform: Callable[[Image.Image], torch.Tensor] | None,
+    on_bad_image: str,
+    verify_images: bool = True,
+) -> RetrievalDataset:
+    """Bad-file policy on the items of ``group``, joint remapping over them, then selection of ``split``."""
+    rows = np.flatnonzero(np.isin(items.splits, group))
+    keep, bad = _usable([items.paths[r] for r in rows], [items.sources[r] for r in rows], on_bad_image, name, verify_images)
+    rows = rows[keep]
+    chosen = items.splits[rows] == split
+    if not chosen.any():
+        raise ValueError(f"dataset {name!r}: no usable images in split {split!r}")
+    labels = remap_labels(items.labels[rows])[chosen]
+    rows = rows[chosen]
+    violations = hierarchy_violations(labels)
+    if violations:
+        warnings.warn(f"dataset {name!r} split {split!r}: inconsistent hierarchy {violations}", stacklevel=3)
+    position = {int(r): i for i, r in enumerate(rows)}
+    boxes = {position[r]: b for r, b in items.boxes.items() if r in position}
+    metadata = {"dataset": name, "bad_images": bad, "num_bad_images": len(bad), **items.extra.get(split, {})}
+    return RetrievalDataset(
+        [items.paths[r] for r in rows],
+        labels,
+        split,
+        items.level_names,
+        transform,
+        name=name,
+        sources=[items.sources[r] for r in rows],
+        boxes=boxes,
+        metadata=metadata,
+    )

@@ -1,0 +1,101 @@
+"""The papers' augmentation protocols as named presets (kornia ops on tensors, Pillow decoding).
+
+==================  ==========================================================================
+preset              ops (then ImageNet mean/std normalisation)
+==================  ==========================================================================
+``train``           resize shorter side 256, RandomResizedCrop 224 scale (0.16, 1) ratio (3/4, 4/3), h-flip
+``test``            resize shorter side 256, center crop 224
+``train_big``       288 -> RandomResizedCrop 256 (same scale/ratio), h-flip
+``test_big``        288 -> center crop 256
+``landmark_train``  resize to 224 x 224 (aspect not kept, as ROADMAP/SupRank), h-flip
+``landmark_test``   resize to 224 x 224 (multi-scale evaluation rescales this by 1, 1/sqrt 2, 1/2)
+``synthetic_train`` RandomResizedCrop 48 of the 56 px synthetic images, scale (0.5, 1), h-flip
+``synthetic_test``  resize 56, center crop 48
+==================  ==========================================================================
+
+``image_size`` replaces the output size; the resize step keeps its ratio to the crop
+(256/224 for ``train``). Randomness comes from torch's global RNG (deterministic given
+its state, e.g. per DataLoader worker seed).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import kornia.augmentation as K
+import torch
+from PIL import Image
+
+from rankopt.data.base import pil_to_tensor, to_rgb
+
+IMAGENET_MEAN = (0.485, 0.456, 0.406)
+IMAGENET_STD = (0.229, 0.224, 0.225)
+
+
+@dataclass(frozen=True)
+class Preset:
+    resize: int  # shorter side (or both sides when square)
+    crop: int
+    train: bool
+    square: bool = False
+    scale: tuple[float, float] = (0.16, 1.0)
+    ratio: tuple[float, float] = (3 / 4, 4 / 3)
+
+
+PRESETS: dict[str, Preset] = {
+    "train": Preset(256, 224, True),
+    "test": Preset(256, 224, False),
+    "train_big": Preset(288, 256, True),
+    "test_big": Preset(288, 256, False),
+    "landmark_train": Preset(224, 224, True, square=True),
+    "landmark_test": Preset(224, 224, False, square=True),
+    "synthetic_train": Preset(56, 48, True, scale=(0.5, 1.0)),
+    "synthetic_test": Preset(56, 48, False),
+}
+
+
+class ImageTransform:
+    """PIL image (any mode) or (3, H, W) tensor in [0, 1] -> normalised FloatTensor (3, H, W);
+    a (B, 3, H, W) batch -> (B, 3, h, w) with independent random parameters per image.
+
+    Applying it to whole batches of same-size images (e.g. the synthetic set decoded with
+    ``transform=None``) is an order of magnitude faster than per image (kornia's per-call cost).
+    """
+
+    def __init__(self, preset: str, ops: torch.nn.Sequential) -> None:
+        self.preset = preset
+        self.ops = ops
+
+    def __call__(self, image: Image.Image | torch.Tensor) -> torch.Tensor:
+        x = pil_to_tensor(to_rgb(image)) if isinstance(image, Image.Image) else image
+        if x.ndim not in (3, 4) or x.shape[-3] != 3:
+            raise ValueError(f"expected a (3, H, W) image or a (B, 3, H, W) batch, got {tuple(x.shape)}")
+        with torch.no_grad():
+            return self.ops(x) if x.ndim == 4 else self.ops(x.unsqueeze(0)).squeeze(0)
+
+    def __repr__(self) -> str:
+        return f"ImageTransform({self.preset!r}, {self.ops})"
+
+
+def build_transform(preset: str, image_size: int | None = None) -> ImageTransform:
+    """The named preset (see the module table); ``image_size`` overrides the output size."""
+    try:
+        spec = PRESETS[preset]
+    except KeyError:
+        raise KeyError(f"unknown transform preset {preset!r}; known: {', '.join(PRESETS)}") from None
+    crop = spec.crop if image_size is None else int(image_size)
+    if crop < 8:
+        raise ValueError(f"image_size must be >= 8, got {image_size}")
+    resize = round(spec.resize * crop / spec.crop)
+    ops: list[torch.nn.Module] = []
+    if spec.square:
+        ops.append(K.Resize((crop, crop), antialias=True))
+    else:
+        ops.append(K.Resize(resize, side="short", antialias=True))
+        ops.append(
+            K.RandomResizedCrop((crop, crop), scale=spec.scale, ratio=spec.ratio) if spec.train else K.CenterCrop(crop)
+        )
+    if spec.train:
+        ops.append(K.RandomHorizontalFlip())
+    ops.append(K.Normalize(torch.tensor(IMAGENET_MEAN), torch.tensor(IMAGENET_STD)))
+    return ImageTransform(preset, torch.nn.Sequential(*ops))

@@ -1,0 +1,162 @@
+"""Forward+backward time and peak memory of the rank losses against batch size.
+
+Each (loss, B) runs in a fresh subprocess: random d-dimensional embeddings, ``per_class``
+images per class (3-level labels fine -> fine // 4 -> fine // 16 for ``hap``), one warm-up
+call, then the median of ``--repeats`` timed ``loss(x, y).backward()`` calls. Peak memory is
+the peak RSS above the process after it built its inputs (``ru_maxrss``). pytorch-metric-learning's
+SmoothAPLoss and FastAPLoss run side by side (PML SmoothAP materialises B^3 tensors: capped by
+``--pml-smooth-ap-max``). A loss is not run at larger B once it failed or took over ``--give-up`` s.
+
+    python benchmarks/bench_losses.py                      # full run (the table in results/losses.md)
+    python benchmarks/bench_losses.py --sizes 128 512 --repeats 1 --out /tmp/losses.md   # quick check
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import os
+import platform
+import resource
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+OURS = ["sup_ap", "smooth_ap", "roadmap", "hap", "sup_recall", "fastap", "softbin_ap"]
+PML = {"pml_smooth_ap": "SmoothAPLoss", "pml_fastap": "FastAPLoss"}
+SIZES = [128, 256, 512, 1024, 2048, 4096, 8192]
+REFERENCE = """Reference figures from issue 3 (same machine, quiet; official code / PML 2.9):
+
+| B | official ROADMAP SupAP + calibration | official Smooth-AP | PML SmoothAPLoss | PML FastAPLoss |
+|---:|---|---|---|---|
+| 256 | 1.75 s / 864 MiB | 0.51 s / 635 MiB | 0.27 s / 365 MiB | 7.8 ms / 38 MiB |
+| 512 | 15.9 s / 4.7 GiB | 4.9 s / 4.5 GiB | 2.6 s / 2.7 GiB | 30 ms / 124 MiB |
+| 768 | 63 s / 15.9 GiB | 17.9 s / 15.2 GiB | 9.7 s / 9.0 GiB | – |
+| 1024 | out of memory (24 GiB) | out of memory | out of memory | 0.24 s / 235 MiB |
+| 4096 | – | – | – | 5.8 s / 3.0 GiB |
+| 8192 | – | – | – | 21.5 s / 11.6 GiB |
+
+Targets: sup_ap and smooth_ap at B = 4096 in <= 1.5 s and <= 2 GiB, B = 8192 in <= 6 s; hap (3 levels) at B = 4096 within 6 GiB."""
+
+
+def worker(name: str, batch: int, dim: int, per_class: int, repeats: int) -> dict:
+    """Run one configuration in this process and return its measurements."""
+    import torch
+
+    torch.manual_seed(0)
+    x = torch.randn(batch, dim)
+    fine = torch.arange(batch) // per_class
+    if name == "hap":
+        labels = torch.stack([fine, fine // 4, fine // 16], dim=1)
+    else:
+        labels = fine
+    if name in PML:
+        import pytorch_metric_learning.losses as pml
+
+        loss = getattr(pml, PML[name])()
+    else:
+        import rankopt.losses
+
+        loss = rankopt.losses.build(name)
+    base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    times, value = [], float("nan")
+    for i in range(repeats + 1):
+        xg = x.clone().requires_grad_(True)
+        start = time.perf_counter()
+        out = loss(xg, labels)
+        out.backward()
+        elapsed = time.perf_counter() - start
+        value = out.item()
+        if i:
+            times.append(elapsed)
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return {"time_s": statistics.median(times), "peak_mib": (peak - base) / 1024.0, "value": value}
+
+
+def run_one(name: str, batch: int, args: argparse.Namespace) -> dict:
+    cmd = [sys.executable, __file__, "--worker", name, str(batch), "--dim", str(args.dim), "--per-class", str(args.per_class), "--repeats", str(args.repeats)]
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout)
+    except subprocess.TimeoutExpired:
+        return {"error": f"timeout > {args.timeout} s"}
+    if proc.returncode != 0:
+        tail = (proc.stderr.strip().splitlines() or ["killed"])[-1]
+        return {"error": "out of memory" if "memory" in tail.lower() or proc.returncode < 0 else tail[:60]}
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def fmt(result: dict | None) -> str:
+    if result is None:
+        return "–"
+    if "error" in result:
+        return result["error"]
+    t = result["time_s"]
+    time_str = f"{t * 1e3:.1f} ms" if t < 1 else f"{t:.2f} s"
+    mem = result["peak_mib"]
+    mem_str = f"{mem:.0f} MiB" if mem < 1024 else f"{mem / 1024:.2f} GiB"
+    return f"{time_str} / {mem_str}"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--sizes", type=int, nargs="+", default=SIZES)
+    parser.add_argument("--losses", nargs="+", default=OURS + list(PML))
+    parser.add_argument("--dim", type=int, default=512)
+    parser.add_argument("--per-class", type=int, default=4)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--timeout", type=float, default=180.0, help="seconds per configuration")
+    parser.add_argument("--give-up", type=float, default=30.0, help="skip larger B once a call took longer")
+    parser.add_argument("--pml-smooth-ap-max", type=int, default=512, help="largest B for PML SmoothAPLoss (B^3 memory)")
+    parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "losses.md")
+    parser.add_argument("--worker", nargs=2, metavar=("LOSS", "B"), help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.worker:
+        print(json.dumps(worker(args.worker[0], int(args.worker[1]), args.dim, args.per_class, args.repeats)))
+        return
+
+    from rankopt.losses import LOSSES
+
+    losses = [n for n in args.losses if n in PML or n in LOSSES]
+    skipped = sorted(set(args.losses) - set(losses))
+    results: dict[tuple[str, int], dict | None] = {}
+    started, load_start = time.time(), os.getloadavg()[0]
+    for name in losses:
+        stop = False
+        for batch in args.sizes:
+            if stop or (name == "pml_smooth_ap" and batch > args.pml_smooth_ap_max):
+                results[name, batch] = None
+                continue
+            res = run_one(name, batch, args)
+            results[name, batch] = res
+            print(f"{name:14s} B={batch:6d}  {fmt(res)}", flush=True)
+            stop = "error" in res or res["time_s"] > args.give_up
+
+    command = "python " + " ".join([str(Path(sys.argv[0]))] + sys.argv[1:])
+    header = "| B | " + " | ".join(losses) + " |"
+    lines = [
+        "# Rank losses: forward + backward time / peak memory",
+        "",
+        f"- command: `{command}`",
+        f"- date: {dt.datetime.now(dt.timezone.utc):%Y-%m-%d %H:%M} UTC; total {time.time() - started:.0f} s",
+        f"- machine: {platform.processor() or platform.machine()}, {os.cpu_count()} CPU cores, {platform.system()} {platform.release()}, "
+        f"Python {platform.python_version()}, torch {__import__('torch').__version__}, load average {load_start:.1f} at start, {os.getloadavg()[0]:.1f} at end",
+        f"- d = {args.dim}, {args.per_class} per class, median of {args.repeats} calls after a warm-up, each config in a fresh process;"
+        " memory = peak RSS above the process that built the inputs. `–`: not run (B^3 cap or an earlier failure/time-out).",
+        f"- hap: 3-level labels (fine, fine // 4, fine // 16). Not registered here: {', '.join(skipped) or 'none'}.",
+        "",
+        header,
+        "|---:|" + "---|" * len(losses),
+    ]
+    for batch in args.sizes:
+        lines.append(f"| {batch} | " + " | ".join(fmt(results.get((n, batch))) for n in losses) + " |")
+    lines += ["", REFERENCE, ""]
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text("\n".join(lines))
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()

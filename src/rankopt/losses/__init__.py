@@ -1,0 +1,47 @@
+"""rankopt losses: every rank surrogate of the papers as ``nn.Module``s.
+
+``loss(embeddings, labels, ref_embeddings=None, ref_labels=None) -> scalar``;
+``build(name, **kwargs)`` for every registered name (``LOSSES.names()``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from torch import nn
+
+from rankopt.losses import baselines, blackbox_ap, histogram_ap  # noqa: F401  (register their losses)
+from rankopt.losses.base import RankLoss, RetrievalSet, rowwise
+from rankopt.losses.calibration import CalibrationLoss
+from rankopt.losses.combination import ROD
+from rankopt.losses.hap import HAPLoss
+from rankopt.losses.ndcg import SupNDCGLoss
+from rankopt.losses.proxy import ProxyDGLoss
+from rankopt.losses.recall import SmoothRecallLoss, SupRecallLoss
+from rankopt.losses.registry import LOSSES
+from rankopt.losses.smooth_ap import SmoothAPLoss
+from rankopt.losses.sup_ap import SupAPLoss, SupRankLoss
+
+
+def build(name: str, /, **kwargs: Any) -> nn.Module:
+    """Build a registered loss by name, e.g. ``build("sup_ap", tau=0.01)``."""
+    return LOSSES.build(name, **kwargs)
+
+
+__all__ = [
+    "LOSSES",
+    "ROD",
+    "CalibrationLoss",
+    "HAPLoss",
+    "ProxyDGLoss",
+    "RankLoss",
+    "RetrievalSet",
+    "SmoothAPLoss",
+    "SmoothRecallLoss",
+    "SupAPLoss",
+    "SupNDCGLoss",
+    "SupRankLoss",
+    "SupRecallLoss",
+    "build",
+    "rowwise",
+]

@@ -1,0 +1,266 @@
+"""The shared base of every rankopt loss: validation, retrieval set, chunking.
+
+:class:`RankLoss` turns ``(embeddings, labels, ref_embeddings, ref_labels)`` into a
+:class:`RetrievalSet` (float32 scores of each batch query against the batch plus the
+reference set, relevance levels, and the membership mask that removes each query
+from its own retrieval set *by index*), then calls the loss's :meth:`RankLoss.compute`.
+
+Most rank losses are *row-local*: query ``i``'s term depends only on row ``i`` of the
+score matrix. :func:`rowwise` evaluates such a term in chunks of queries under a
+memory budget (``max_elements`` per chunk) and keeps only the ``(B, M)`` gradient
+w.r.t. the scores, never the autograd graph of the whole batch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from rankopt import checks
+from rankopt import similarity as sim
+from rankopt.labels import relevance_levels, same_class, self_mask
+
+DEFAULT_MAX_ELEMENTS = 1 << 24
+"""Default memory budget of :func:`rowwise`: elements of the largest per-chunk intermediate."""
+
+
+@dataclass
+class RetrievalSet:
+    """What a loss sees for a batch of ``B`` queries and a retrieval set of ``M`` items.
+
+    The retrieval set is the batch followed by the reference set (``M = B + R``);
+    query ``i`` is item ``i``.
+    """
+
+    scores: torch.Tensor
+    """``(B, M)`` float32 (float64 for float64 inputs) similarities (differentiable)."""
+    levels: torch.Tensor
+    """``(B, M)`` int8 shared hierarchy levels in ``[0, L]`` (``0`` = negative)."""
+    valid: torch.Tensor
+    """``(B, M)`` bool, membership of item ``j`` in query ``i``'s retrieval set."""
+    num_levels: int
+    """``L``: 1 for flat labels."""
+    embeddings: torch.Tensor
+    """``(B, D)`` query embeddings in the compute dtype (not normalised)."""
+    labels: torch.Tensor
+    """``(B, L)`` int64 query labels."""
+
+    @property
+    def positives(self) -> torch.Tensor:
+        """``(B, M)`` bool: valid items sharing at least one level with the query."""
+        return (self.levels > 0) & self.valid
+
+    @property
+    def num_positives(self) -> torch.Tensor:
+        """``(B,)`` int64 ``|P_i|``."""
+        return self.positives.sum(dim=1)
+
+
+def compute_dtype(x: torch.Tensor) -> torch.dtype:
+    """float32 for float32 and lower precisions (bf16/fp16), float64 for float64 inputs."""
+    return torch.promote_types(x.dtype, torch.float32)
+
+
+class _CachedRowGrad(torch.autograd.Function):
+    """Output ``values``; backward ``grad_out[:, None] * row_grads`` (row-local terms only)."""
+
+    @staticmethod
+    def forward(ctx, scores: torch.Tensor, values: torch.Tensor, row_grads: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
+        ctx.save_for_backward(row_grads)
+        return values.clone()
+
+    @staticmethod
+    def backward(ctx, grad_out: torch.Tensor):  # type: ignore[override]
+        (row_grads,) = ctx.saved_tensors
+        return grad_out.unsqueeze(1) * row_grads, None, None
+
+
+def rowwise(
+    fn: Callable[..., torch.Tensor],
+    scores: torch.Tensor,
+    *row_args: torch.Tensor,
+    elements_per_row: int,
+    max_elements: int = DEFAULT_MAX_ELEMENTS,
+) -> torch.Tensor:
+    """Evaluate a row-local per-query term ``fn(scores[c], *[a[c] for a in row_args]) -> (C,)``
+    over chunks ``c`` of at most ``max_elements // elements_per_row`` queries.
+
+    Each chunk is differentiated on the spot and only ``d fn_i / d scores_i`` (``(B, M)``)
+    is kept, so peak memory is one chunk's autograd graph whatever the batch size.
+    ``fn`` must make row ``i`` of its output depend on row ``i`` of the scores only. The
+    gradient is computed during the forward when the scores require it (first order only).
+    """
+    num_rows = scores.shape[0]
+    chunk = max(1, max_elements // max(1, elements_per_row))
+    need_grad = scores.requires_grad and torch.is_grad_enabled()
+    values = []
+    single = chunk >= num_rows
+    grads = torch.zeros_like(scores) if need_grad and not single else None
+    for start in range(0, num_rows, chunk):
+        rows = slice(start, start + chunk)
+        args = [a[rows] for a in row_args]
+        block = scores[rows].detach()
+        if not need_grad:
+            with torch.no_grad():
+                values.append(fn(block, *args))
+            continue
+        block.requires_grad_(True)
+        with torch.enable_grad():
+            out = fn(block, *args)
+            (grad,) = torch.autograd.grad(out.sum(), block, allow_unused=True)
+        values.append(out.detach())
+        if grad is None:
+            grad = torch.zeros_like(block)
+        if single:
+            grads = grad
+        else:
+            grads[rows] = grad
+    out = torch.cat(values) if values else scores.new_zeros(0)
+    if not need_grad:
+        return out
+    return _CachedRowGrad.apply(scores, out, grads)
+
+
+class RankLoss(nn.Module):
+    """Base class of every rankopt loss: ``loss(embeddings, labels, ref_embeddings=None, ref_labels=None)``.
+
+    * Each batch item is a query; its retrieval set is the rest of the batch plus the
+      reference set (memory bank, other ranks' embeddings). ``include_self=True``
+      keeps the query in its own retrieval set as a rank-1 positive, the convention
+      of the reference code (anchors §0.1), for comparison only.
+    * Computes in float32 with autocast disabled, whatever the input dtype (float64
+      inputs compute in float64, which the exactness tests use).
+    * Flat losses (``hierarchical = False``) use label column 0 (finest level).
+    * Queries without a positive are excluded from the mean and counted in
+      ``last_num_queries_without_positive``.
+    """
+
+    accepts_reference: bool = True
+    """Whether a memory bank / other ranks' embeddings may be passed as the reference set."""
+    hierarchical: bool = False
+    """Whether 2-D labels are used as a hierarchy (else column 0 only)."""
+
+    def __init__(
+        self,
+        *,
+        similarity: str = "cosine",
+        include_self: bool = False,
+        max_elements: int = DEFAULT_MAX_ELEMENTS,
+    ) -> None:
+        super().__init__()
+        if similarity not in sim.SIMILARITIES:
+            raise ValueError(f"unknown similarity {similarity!r}; use one of {', '.join(sim.SIMILARITIES)}")
+        if max_elements < 1:
+            raise ValueError(f"max_elements must be >= 1, got {max_elements}")
+        self.similarity = similarity
+        self.include_self = include_self
+        self.max_elements = int(max_elements)
+        self.last_num_queries_without_positive = 0
+
+    def forward(
+        self,
+        embeddings: torch.Tensor,
+        labels: torch.Tensor,
+        ref_embeddings: torch.Tensor | None = None,
+        ref_labels: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        batch = self.retrieval_set(embeddings, labels, ref_embeddings, ref_labels)
+        with torch.autocast(device_type=embeddings.device.type, enabled=False):
+            return self.compute(batch)
+
+    def validate(
+        self,
+        embeddings: torch.Tensor,
+        labels: torch.Tensor,
+        ref_embeddings: torch.Tensor | None = None,
+        ref_labels: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Check the inputs (``rankopt.checks``); return ``(N, L)`` int64 labels and ref labels
+        (column 0 only unless ``hierarchical``)."""
+        checks.check_embeddings(embeddings, "embeddings", min_rows=2)
+        labels = checks.check_labels(labels, embeddings.shape[0], "labels")
+        if ref_labels is not None and ref_embeddings is None:
+            raise ValueError("ref_labels given without ref_embeddings")
+        if ref_embeddings is not None:
+            if ref_labels is None:
+                raise ValueError("ref_embeddings given without ref_labels")
+            if not self.accepts_reference:
+                raise ValueError(f"{type(self).__name__} does not accept a reference set (ref_embeddings)")
+            checks.check_embeddings(ref_embeddings, "ref_embeddings")
+            ref_labels = checks.check_labels(ref_labels, ref_embeddings.shape[0], "ref_labels")
+            if ref_embeddings.shape[1] != embeddings.shape[1]:
+                raise ValueError(f"ref_embeddings have dimension {ref_embeddings.shape[1]} but embeddings have {embeddings.shape[1]}")
+            if ref_labels.shape[1] != labels.shape[1]:
+                raise ValueError(f"ref_labels have {ref_labels.shape[1]} levels but labels have {labels.shape[1]}")
+            ref_labels = ref_labels.to(labels.device)
+        if not self.hierarchical:
+            labels = labels[:, :1]
+            ref_labels = None if ref_labels is None else ref_labels[:, :1]
+        return labels, ref_labels
+
+    def retrieval_set(
+        self,
+        embeddings: torch.Tensor,
+        labels: torch.Tensor,
+        ref_embeddings: torch.Tensor | None = None,
+        ref_labels: torch.Tensor | None = None,
+    ) -> RetrievalSet:
+        """Validate the inputs and build the :class:`RetrievalSet` (float32, autocast off)."""
+        labels, ref_labels = self.validate(embeddings, labels, ref_embeddings, ref_labels)
+        with torch.autocast(device_type=embeddings.device.type, enabled=False):
+            x = embeddings.to(compute_dtype(embeddings))
+            items = x if ref_embeddings is None else torch.cat([x, ref_embeddings.to(x.device, x.dtype)])
+            item_labels = labels if ref_labels is None else torch.cat([labels, ref_labels])
+            r = sim.prepare(items, self.similarity)
+            scores = sim.pairwise(r[: x.shape[0]], r, self.similarity, prepared=True)
+        levels = self._levels(labels, item_labels)
+        if self.include_self:
+            valid = torch.ones_like(levels, dtype=torch.bool)
+        else:
+            valid = ~self_mask(x.shape[0], items.shape[0], 0, device=x.device)
+        return RetrievalSet(scores, levels, valid, labels.shape[1], x, labels)
+
+    def _levels(self, labels: torch.Tensor, item_labels: torch.Tensor) -> torch.Tensor:
+        """Shared levels as int8 (``B·M`` bytes): ``same_class`` for flat labels, else
+        ``relevance_levels`` in row chunks under the memory budget."""
+        if labels.shape[1] == 1:
+            return same_class(labels, item_labels).to(torch.int8)
+        rows = max(1, self.max_elements // max(1, item_labels.shape[0] * labels.shape[1]))
+        return torch.cat([relevance_levels(labels[s : s + rows], item_labels).to(torch.int8) for s in range(0, labels.shape[0], rows)])
+
+    def compute(self, batch: RetrievalSet) -> torch.Tensor:
+        """The loss on a validated float32 :class:`RetrievalSet` (a scalar).
+
+        Default, for row-local losses: the mean over queries with a positive of
+        :meth:`query_terms`, evaluated by :meth:`rowwise` with ``max_i |P_i| * M`` elements per row.
+        """
+        num_pos = batch.num_positives
+        per_row = max(1, int(num_pos.max())) * batch.scores.shape[1]
+
+        def terms(scores: torch.Tensor, levels: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+            return self.query_terms(scores, levels, valid, batch.num_levels)
+
+        per_query = self.rowwise(terms, batch.scores, batch.levels, batch.valid, elements_per_row=per_row)
+        return self.average_over_queries(per_query, num_pos > 0)
+
+    def query_terms(self, scores: torch.Tensor, levels: torch.Tensor, valid: torch.Tensor, num_levels: int) -> torch.Tensor:
+        """Per-query loss ``(C,)`` of a chunk of full rows (``scores``, ``levels``, ``valid``: ``(C, M)``)."""
+        raise NotImplementedError(f"{type(self).__name__} must implement compute() or query_terms()")
+
+    def rowwise(self, fn: Callable[..., torch.Tensor], scores: torch.Tensor, *row_args: torch.Tensor, elements_per_row: int) -> torch.Tensor:
+        """:func:`rowwise` under this loss's ``max_elements`` budget."""
+        return rowwise(fn, scores, *row_args, elements_per_row=elements_per_row, max_elements=self.max_elements)
+
+    def average_over_queries(self, per_query: torch.Tensor, has_positive: torch.Tensor) -> torch.Tensor:
+        """Mean of ``per_query`` over queries with a positive; counts the others in
+        ``last_num_queries_without_positive``. No such query -> a zero that keeps the graph."""
+        self.last_num_queries_without_positive = int((~has_positive).sum())
+        if not bool(has_positive.any()):
+            return per_query.sum() * 0.0
+        return per_query[has_positive].mean()
+
+    def extra_repr(self) -> str:
+        return f"similarity={self.similarity!r}, include_self={self.include_self}"

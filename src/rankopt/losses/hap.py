@@ -1,0 +1,47 @@
+"""Sup-H-AP (TPAMI Eq. 21 / HAPPIER): hierarchical AP with the SupRank rank."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from rankopt.losses.registry import LOSSES
+from rankopt.losses.sup_ap import SupRankLoss
+from rankopt.rank.relevance import relevance
+from rankopt.rank.surrogates import pairwise_step_counts
+
+
+@LOSSES.register("hap")
+class HAPLoss(SupRankLoss):
+    """Sup-H-AP (TPAMI Eq. 21)::
+
+        H-rank^+(k) = rel(k) + sum_{j in Omega^+, j != k} min(rel(k), rel(j)) H(s_j - s_k)   (Eq. 18)
+        L = 1 - 1/M sum_i 1/sum_{k in Omega_i^+} rel(k) sum_{k in Omega_i^+} H-rank^+(k) / (rank^+(k) + rank_s^-(k))
+
+    ``rel`` is TPAMI Eq. 20, ``(l/L)^alpha / |Omega^(l)|`` (``relevance="hap"``, ``alpha = 1``),
+    or the ΣwAP relevance of Property 1 (``relevance="sum_wap"``, optional level ``weights``).
+    Labels ``(N, L)``, column 0 finest; 1-D labels give exactly Sup-AP.
+    """
+
+    hierarchical = True
+
+    def __init__(self, *, alpha: float = 1.0, relevance: str = "hap", weights: Sequence[float] | None = None, **kwargs) -> None:
+        super().__init__(**kwargs)
+        if relevance not in ("hap", "sum_wap"):
+            raise ValueError(f"unknown relevance {relevance!r}; use 'hap' or 'sum_wap'")
+        if alpha < 0:
+            raise ValueError(f"alpha must be >= 0, got {alpha}")
+        self.alpha, self.relevance, self.weights = float(alpha), relevance, None if weights is None else tuple(weights)
+
+    def query_terms(self, scores: torch.Tensor, levels: torch.Tensor, valid: torch.Tensor, num_levels: int) -> torch.Tensor:
+        pivots, rank_plus, rank_minus = self.ranks(scores, levels, valid, num_levels)
+        rel_all = relevance(levels, num_levels, valid, kind=self.relevance, alpha=self.alpha, weights=self.weights)
+        rel = torch.gather(rel_all, 1, pivots.index).to(scores.dtype) * pivots.present
+        shared = torch.minimum(rel.unsqueeze(1), rel.unsqueeze(2)) * pivots.pair_mask()
+        h_rank_plus = rel + pairwise_step_counts(pivots.scores, pivots.scores, shared)
+        ratio = torch.where(pivots.present, h_rank_plus / (rank_plus + rank_minus), torch.zeros_like(rank_minus))
+        return 1.0 - ratio.sum(1) / rel.sum(1).clamp(min=torch.finfo(rel.dtype).tiny)
+
+    def extra_repr(self) -> str:
+        return f"alpha={self.alpha}, relevance={self.relevance!r}, " + super().extra_repr()

@@ -1,0 +1,51 @@
+"""SupRank losses: the shared rank machinery and Sup-AP (ROADMAP Eq. 5 = TPAMI Eq. 11)."""
+
+from __future__ import annotations
+
+import torch
+
+from rankopt.losses.base import RankLoss
+from rankopt.losses.registry import LOSSES
+from rankopt.rank.surrogates import Pivots, default_delta, sup_negative_rank
+
+
+class SupRankLoss(RankLoss):
+    """Base of the SupRank losses: ``rank(k) = rank^+(k) + rank_s^-(k)`` with the exact step in
+    ``rank^+`` (no gradient) and ``H^-`` (TPAMI Eq. 4, :func:`~rankopt.rank.surrogates.sup_step`)
+    in ``rank_s^-`` (TPAMI Eq. 5). Defaults: ``tau = 0.01``, ``rho = 100``,
+    ``delta = tau ln((1 - eps) / eps)`` with ``eps = 1e-2`` (~0.0459), ``start = 0.5``.
+    """
+
+    def __init__(self, *, tau: float = 0.01, rho: float = 100.0, delta: float | None = None, start: float = 0.5, **kwargs) -> None:
+        super().__init__(**kwargs)
+        if tau <= 0 or rho < 0:
+            raise ValueError(f"need tau > 0 and rho >= 0, got tau={tau}, rho={rho}")
+        self.tau, self.rho, self.start = float(tau), float(rho), float(start)
+        self.delta = default_delta(tau) if delta is None else float(delta)
+        if self.delta < 0:
+            raise ValueError(f"delta must be >= 0, got {delta}")
+
+    def ranks(self, scores: torch.Tensor, levels: torch.Tensor, valid: torch.Tensor, num_levels: int) -> tuple[Pivots, torch.Tensor, torch.Tensor]:
+        """The positives of each row with their exact ``rank^+`` and smooth ``rank_s^-``, ``(C, P)``."""
+        pivots = Pivots(scores, levels, valid)
+        masks, group = pivots.lower_masks(levels, valid, num_levels)
+        rank_minus = sup_negative_rank(scores, pivots, masks, group, tau=self.tau, rho=self.rho, delta=self.delta, start=self.start)
+        return pivots, pivots.positive_rank(), rank_minus
+
+    def extra_repr(self) -> str:
+        return f"tau={self.tau}, rho={self.rho}, delta={self.delta:.4g}, start={self.start}, " + super().extra_repr()
+
+
+@LOSSES.register("sup_ap")
+class SupAPLoss(SupRankLoss):
+    """Sup-AP (ROADMAP Eq. 5, TPAMI Eq. 11)::
+
+        L = 1 - 1/M sum_i 1/|P_i| sum_{k in P_i} rank^+(k) / (rank^+(k) + rank_s^-(k))
+
+    an upper bound of ``1 - AP`` (``H^- >= H``). Uses label column 0.
+    """
+
+    def query_terms(self, scores: torch.Tensor, levels: torch.Tensor, valid: torch.Tensor, num_levels: int) -> torch.Tensor:
+        pivots, rank_plus, rank_minus = self.ranks(scores, levels, valid, num_levels)
+        ratio = torch.where(pivots.present, rank_plus / (rank_plus + rank_minus), torch.zeros_like(rank_minus))
+        return 1.0 - ratio.sum(1) / pivots.present.sum(1).clamp(min=1)

@@ -1,0 +1,85 @@
+"""``rankopt embed CHECKPOINT (--images DIR | --dataset NAME --root PATH --split S) --out E.npy``.
+
+Writes ``E.npy`` (float32 ``(N, D)``), ``E.labels.npy`` (int64 ``(N, L)``) and
+``E.paths.txt`` (one image path per line, same order) for other tools. With
+``--images DIR`` every image under DIR is embedded (sorted paths) and its label is
+the index of its sub-folder (``-1`` for files directly in DIR).
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+from rankopt.cli.evaluate import add_model_data_arguments
+
+IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp", ".gif", ".tif", ".tiff", ".webp")
+
+
+def register(subparsers: Any) -> None:
+    parser = subparsers.add_parser(
+        "embed", help="write embeddings (+ labels and paths) of images or a dataset split",
+        description="Embed a folder of images or a dataset split with a checkpoint; writes OUT.npy, "
+                    "OUT.labels.npy and OUT.paths.txt.")
+    add_model_data_arguments(parser)
+    parser.add_argument("--images", metavar="DIR", help="embed every image under DIR instead of a dataset")
+    parser.add_argument("--split", metavar="SPLIT", help="dataset split (default: the first evaluation split)")
+    parser.add_argument("--out", required=True, metavar="E.npy", help="output embeddings file")
+    parser.set_defaults(func=run)
+
+
+def folder_dataset(folder: str, transform: Any) -> Any:
+    """A :class:`rankopt.data.RetrievalDataset` of the images under ``folder`` (label = sub-folder index)."""
+    import numpy as np
+
+    from rankopt.data import RetrievalDataset
+
+    root = Path(folder)
+    if not root.is_dir():
+        raise FileNotFoundError(f"--images {folder!r} is not a folder")
+    paths = sorted(p for p in root.rglob("*") if p.is_file() and p.suffix.lower() in IMAGE_SUFFIXES)
+    if not paths:
+        raise FileNotFoundError(f"no image ({', '.join(IMAGE_SUFFIXES)}) under {folder!r}")
+    groups = sorted({p.parent for p in paths if p.parent != root})
+    index = {g: i for i, g in enumerate(groups)}
+    labels = np.array([index.get(p.parent, -1) for p in paths], dtype=np.int64)
+    return RetrievalDataset([str(p) for p in paths], labels, "images", ("folder",), transform, name="images")
+
+
+def output_paths(out: str) -> tuple[Path, Path, Path]:
+    """``E.npy`` -> (``E.npy``, ``E.labels.npy``, ``E.paths.txt``)."""
+    path = Path(out)
+    stem = path.with_suffix("") if path.suffix == ".npy" else path
+    return stem.with_suffix(".npy"), Path(f"{stem}.labels.npy"), Path(f"{stem}.paths.txt")
+
+
+def run(args: argparse.Namespace) -> int:
+    import numpy as np
+
+    from rankopt.cli.evaluate import load_for_inference
+    from rankopt.engine.evaluation import embed_dataset
+
+    if args.images is not None and (args.dataset is not None or args.split is not None):
+        raise ValueError("use either --images DIR or --dataset/--split, not both")
+    if args.images is not None:
+        from rankopt.data.transforms import build_transform
+        from rankopt.engine.trainer import model_from_checkpoint, resolve_device
+
+        device = resolve_device(args.device)
+        model, cfg = model_from_checkpoint(args.checkpoint, device)
+        transform = build_transform(args.transform or cfg.data.test_transform, args.image_size or cfg.data.image_size)
+        dataset, batch_transform = folder_dataset(args.images, transform), None
+    else:
+        model, cfg, datasets, device, batch_transform = load_for_inference(args, [args.split] if args.split else None)
+        dataset = next(iter(datasets.values()))
+    split = embed_dataset(model, dataset, batch_size=args.batch_size or cfg.eval.batch_size, device=device,
+                          num_workers=args.num_workers, show_progress=not args.no_progress,
+                          batch_transform=batch_transform)
+    emb_path, labels_path, paths_path = output_paths(args.out)
+    emb_path.parent.mkdir(parents=True, exist_ok=True)
+    np.save(emb_path, split.embeddings.numpy().astype(np.float32))
+    np.save(labels_path, split.labels.numpy())
+    paths_path.write_text("".join(f"{p}\n" for p in split.paths))
+    print(f"wrote {emb_path} {tuple(split.embeddings.shape)}, {labels_path}, {paths_path}")
+    return 0

@@ -1,0 +1,88 @@
+"""``rankopt evaluate CHECKPOINT [--dataset NAME --root PATH] [--split ...] [--metrics ...] [--json OUT]``."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+
+def add_model_data_arguments(parser: argparse.ArgumentParser) -> None:
+    """Arguments shared by ``evaluate`` and ``embed``: checkpoint, dataset, transform, device."""
+    parser.add_argument("checkpoint", help="a rankopt checkpoint (e.g. RUN/checkpoints/best.ckpt)")
+    parser.add_argument("--dataset", metavar="NAME", help="dataset name (default: the checkpoint's training dataset)")
+    parser.add_argument("--root", metavar="PATH", help="dataset folder (default: the checkpoint's data.root)")
+    parser.add_argument("--transform", metavar="PRESET", help="test transform preset (default: the checkpoint's)")
+    parser.add_argument("--image-size", type=int, metavar="PX", help="test image size (default: the checkpoint's)")
+    parser.add_argument("--batch-size", type=int, default=None, metavar="B", help="embedding batch size")
+    parser.add_argument("--num-workers", type=int, default=0, metavar="W", help="DataLoader workers")
+    parser.add_argument("--device", default="auto", help="cpu, cuda, cuda:1, ... (default: auto)")
+    parser.add_argument("--no-progress", action="store_true", help="hide progress bars")
+
+
+def load_for_inference(args: argparse.Namespace, splits: list[str] | None) -> tuple[Any, Any, dict[str, Any], Any, Any]:
+    """(model, config, {split: dataset}, device, batch transform or None) for ``args``, with the test transform."""
+    from rankopt.engine.trainer import build_datasets, build_transforms, model_from_checkpoint, resolve_device
+
+    device = resolve_device(args.device)
+    model, cfg = model_from_checkpoint(args.checkpoint, device)
+    data = cfg.data
+    if args.dataset is not None:
+        data.eval_name, data.eval_root = args.dataset, args.root
+        data.batch_transform = data.batch_transform and args.dataset == data.name  # other images may differ in size
+    elif args.root is not None:
+        data.eval_root = args.root
+    data.test_transform = args.transform or data.test_transform
+    data.image_size = args.image_size or data.image_size
+    data.eval_splits = splits
+    if args.batch_size is not None:
+        cfg.eval.batch_size = args.batch_size
+    _, datasets = build_datasets(cfg, train=False)
+    batch_transform = build_transforms(cfg)[1] if data.batch_transform else None
+    return model, cfg, datasets, device, batch_transform
+
+
+def register(subparsers: Any) -> None:
+    parser = subparsers.add_parser(
+        "evaluate", help="evaluate a checkpoint on a dataset (all metrics, JSON out)",
+        description="Embed a dataset's evaluation splits with a checkpoint and compute retrieval metrics. "
+                    "One split is self-retrieval (each query excluded from its own results by index); "
+                    "two splits are QUERY GALLERY.")
+    add_model_data_arguments(parser)
+    parser.add_argument("--split", nargs="+", metavar="SPLIT",
+                        help="SPLIT (self-retrieval) or QUERY GALLERY (default: the dataset's evaluation splits)")
+    parser.add_argument("--metrics", nargs="+", metavar="METRIC",
+                        help="metric names, or 'all' (default: the checkpoint's eval.metrics)")
+    parser.add_argument("--similarity", choices=("cosine", "dot", "neg_l2"), help="default: the checkpoint's")
+    parser.add_argument("--json", metavar="OUT", help="write the result as JSON")
+    parser.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    import json
+    from pathlib import Path
+
+    from rankopt.engine.evaluation import evaluate_model
+    from rankopt.engine.logging import format_table
+
+    if args.split is not None and len(args.split) > 2:
+        raise ValueError(f"--split takes one split (self-retrieval) or two (query gallery), got {args.split}")
+    model, cfg, datasets, device, batch_transform = load_for_inference(args, args.split)
+    if args.similarity:
+        cfg.eval.similarity = args.similarity
+    metrics = args.metrics
+    if metrics == ["all"]:
+        from rankopt.metrics import ALL_METRICS
+
+        metrics = list(ALL_METRICS)
+    result, _ = evaluate_model(model, datasets, cfg.eval, device=device, num_workers=args.num_workers,
+                               show_progress=not args.no_progress, metrics=metrics, batch_transform=batch_transform)
+    dataset = cfg.data.eval_name or cfg.data.name
+    out = {"checkpoint": str(args.checkpoint), "dataset": dataset, "splits": list(datasets),
+           "similarity": cfg.eval.similarity, **result.to_dict()}
+    print(format_table({"value": dict(result.metrics)},
+                       f"{dataset} ({' vs '.join(datasets)}): {result.num_queries} queries, "
+                       f"{result.num_queries_without_positive} without a positive (excluded)"))
+    if args.json:
+        Path(args.json).write_text(json.dumps(out, indent=2))
+        print(f"wrote {args.json}")
+    return 0

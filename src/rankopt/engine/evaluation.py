@@ -1,0 +1,119 @@
+"""Embed datasets with a model and score them with ``rankopt.metrics.evaluate``.
+
+Under ``torch.distributed`` every rank embeds a contiguous shard of the dataset
+and the shards are gathered (``rankopt.engine.distributed.gather_for_evaluation``)
+so every item is scored exactly once, in dataset order, with no padding.
+One split is self-retrieval (each query excluded from its own results by index);
+two splits are ``(query, gallery)``. A query split carrying revisitop ground truth
+(``dataset.metadata["ground_truth"]``: Revisited Oxford/Paris) is scored with the
+Easy/Medium/Hard protocol of ``rankopt.metrics.landmarks`` (keys ``medium/map``, ...).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+from torch.utils.data import DataLoader, Dataset, Subset
+
+from rankopt.config import EvalConfig
+from rankopt.engine.logging import progress
+
+
+@dataclass
+class EmbeddedSplit:
+    """Embeddings ``(N, D)`` float32 on CPU, labels ``(N, L)`` int64, image paths and metadata of one split."""
+
+    embeddings: torch.Tensor
+    labels: torch.Tensor
+    paths: list[str]
+    metadata: dict[str, Any] = field(default_factory=dict)
+
+
+def autocast_context(device: torch.device, amp: str) -> contextlib.AbstractContextManager[Any]:
+    """``torch.autocast`` for ``amp`` in {"bf16", "fp16"}; a no-op for ``"none"``."""
+    if amp == "none":
+        return contextlib.nullcontext()
+    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}[amp]
+    return torch.autocast(device_type=device.type, dtype=dtype)
+
+
+def _distributed() -> tuple[int, int]:
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        return torch.distributed.get_rank(), torch.distributed.get_world_size()
+    return 0, 1
+
+
+@torch.no_grad()
+def embed_dataset(model: torch.nn.Module, dataset: Dataset, *, batch_size: int = 256,
+                  device: torch.device | str = "cpu", num_workers: int = 0, amp: str = "none",
+                  show_progress: bool = True, desc: str = "embedding",
+                  batch_transform: Callable[[torch.Tensor], torch.Tensor] | None = None) -> EmbeddedSplit:
+    """Embed every item of ``dataset`` (``model`` in eval mode, restored afterwards).
+
+    ``batch_transform``: applied to each ``(B, 3, H, W)`` batch on ``device`` (datasets built without a transform).
+    """
+    device = torch.device(device)
+    rank, world = _distributed()
+    shard = np.array_split(np.arange(len(dataset)), world)[rank]
+    loader = DataLoader(Subset(dataset, shard.tolist()), batch_size=batch_size, shuffle=False,
+                        num_workers=num_workers, generator=torch.Generator().manual_seed(0))
+    was_training = model.training
+    model.eval()
+    chunks = []
+    for batch in progress(loader, desc=desc, enabled=show_progress and rank == 0):
+        images = batch["image"].to(device, non_blocking=True)
+        if batch_transform is not None:
+            images = batch_transform(images)
+        with autocast_context(device, amp):
+            chunks.append(model(images).float())
+    model.train(was_training)
+    local = torch.cat(chunks) if chunks else torch.empty(0, getattr(model, "embedding_dim", 0), device=device)
+    if world > 1:
+        from rankopt.engine.distributed import gather_for_evaluation
+
+        local = gather_for_evaluation(local)
+    labels = torch.as_tensor(np.asarray(dataset.labels), dtype=torch.long)  # type: ignore[attr-defined]
+    metadata = dict(getattr(dataset, "metadata", {}) or {})
+    return EmbeddedSplit(local.cpu(), labels, list(dataset.paths), metadata)  # type: ignore[attr-defined]
+
+
+def score(splits: Sequence[EmbeddedSplit], cfg: EvalConfig, *, device: torch.device | str | None = None,
+          metrics: Sequence[str] | None = None, show_progress: bool = False) -> Any:
+    """``rankopt.metrics.evaluate`` on one split (self-retrieval) or two (query, gallery);
+    the revisitop protocol (all its metrics) when the query split has landmark ground truth."""
+    from rankopt.metrics import EvaluationResult, evaluate
+
+    if len(splits) not in (1, 2):
+        raise ValueError(f"evaluation needs 1 split (self-retrieval) or 2 (query, gallery), got {len(splits)}")
+    query = splits[0]
+    ref = splits[1] if len(splits) == 2 else None
+    ground_truth = query.metadata.get("ground_truth")
+    if ground_truth is not None and ref is not None:
+        from rankopt.metrics.landmarks import revisited_map
+        from rankopt.similarity import pairwise
+
+        values = revisited_map(pairwise(query.embeddings, ref.embeddings, cfg.similarity), ground_truth)
+        without = int(values.get("medium/num_queries_without_positive", 0))
+        return EvaluationResult({k: v for k, v in values.items() if "num_queries" not in k}, len(ground_truth), without)
+    return evaluate(query.embeddings, query.labels,
+                    None if ref is None else ref.embeddings, None if ref is None else ref.labels,
+                    metrics=list(metrics or cfg.metrics), similarity=cfg.similarity,
+                    chunk_size=cfg.chunk_size, device=device, progress=show_progress)
+
+
+def evaluate_model(model: torch.nn.Module, datasets: Mapping[str, Dataset], cfg: EvalConfig, *,
+                   device: torch.device | str = "cpu", num_workers: int = 0, amp: str = "none",
+                   show_progress: bool = True, metrics: Sequence[str] | None = None,
+                   batch_transform: Callable[[torch.Tensor], torch.Tensor] | None = None) -> tuple[Any, list[EmbeddedSplit]]:
+    """Embed each split of ``datasets`` (ordered: self-retrieval split, or query then gallery) and score them."""
+    splits = [embed_dataset(model, ds, batch_size=cfg.batch_size, device=device, num_workers=num_workers,
+                            amp=amp, show_progress=show_progress, desc=f"embedding {name}",
+                            batch_transform=batch_transform)
+              for name, ds in datasets.items()]
+    rank, _ = _distributed()
+    return score(splits, cfg, device=device, metrics=metrics, show_progress=show_progress and rank == 0), splits

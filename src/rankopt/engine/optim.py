@@ -1,0 +1,61 @@
+"""Optimizers with parameter groups, and learning-rate schedules with warm-up."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+
+import torch
+from torch.optim.lr_scheduler import LambdaLR
+
+from rankopt.config import OptimConfig, OptimizerConfig, ScheduleConfig
+
+
+def build_optimizer(params: Iterable[torch.nn.Parameter] | list[dict], cfg: OptimizerConfig) -> torch.optim.Optimizer:
+    """``adam`` / ``adamw`` / ``sgd`` over ``params`` (tensors or parameter groups) with ``cfg``'s hyper-parameters."""
+    if cfg.name == "sgd":
+        return torch.optim.SGD(params, lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay,
+                               nesterov=cfg.nesterov)
+    optimizers = {"adam": torch.optim.Adam, "adamw": torch.optim.AdamW}
+    if cfg.name not in optimizers:
+        raise ValueError(f"unknown optimizer {cfg.name!r}; use adam, adamw or sgd")
+    betas = (float(cfg.betas[0]), float(cfg.betas[1]))
+    return optimizers[cfg.name](params, lr=cfg.lr, betas=betas, weight_decay=cfg.weight_decay)
+
+
+def model_param_groups(backbone: Iterable[torch.nn.Parameter], head: Iterable[torch.nn.Parameter],
+                       cfg: OptimConfig) -> list[dict]:
+    """Two groups: ``backbone`` at ``cfg.lr`` and ``head`` at ``cfg.lr * cfg.head_lr_mult`` (frozen parameters skipped)."""
+    groups = [
+        {"name": "backbone", "params": [p for p in backbone if p.requires_grad], "lr": cfg.lr},
+        {"name": "head", "params": [p for p in head if p.requires_grad], "lr": cfg.lr * cfg.head_lr_mult},
+    ]
+    return [g for g in groups if g["params"]]
+
+
+def lr_factor(cfg: ScheduleConfig, t: int, total: int) -> float:
+    """Multiplier of the base learning rate after ``t`` scheduler steps out of ``total``.
+
+    Linear warm-up ``(t + 1) / warmup`` for ``t < warmup``; then ``constant`` (1),
+    ``multistep`` (``gamma ** #{milestones <= t}``) or ``cosine`` from 1 down to
+    ``min_lr_ratio`` over the remaining ``total - warmup`` steps.
+    """
+    if t < cfg.warmup:
+        return (t + 1) / cfg.warmup
+    if cfg.name == "constant":
+        return 1.0
+    if cfg.name == "multistep":
+        return cfg.gamma ** sum(t >= m for m in cfg.milestones)
+    progress = min((t - cfg.warmup) / max(total - cfg.warmup, 1), 1.0)
+    if cfg.name == "cosine":
+        return cfg.min_lr_ratio + (1.0 - cfg.min_lr_ratio) * 0.5 * (1.0 + math.cos(math.pi * progress))
+    if cfg.name == "linear":
+        return 1.0 - (1.0 - cfg.min_lr_ratio) * progress
+    raise ValueError(f"unknown schedule {cfg.name!r}; use constant, multistep, cosine or linear")
+
+
+def build_scheduler(optimizer: torch.optim.Optimizer, cfg: ScheduleConfig, *, epochs: int,
+                    steps_per_epoch: int) -> LambdaLR:
+    """A ``LambdaLR`` following :func:`lr_factor`; step it per batch if ``cfg.interval == "step"``, else per epoch."""
+    total = epochs * steps_per_epoch if cfg.interval == "step" else epochs
+    return LambdaLR(optimizer, lambda t: lr_factor(cfg, t, total))

@@ -1,0 +1,476 @@
+"""The training loop: data, model, loss, optimizers, AMP, memory, multistage, DDP, evaluation, checkpoints.
+
+``Trainer(cfg).fit()`` trains an :class:`~rankopt.config.ExperimentConfig` and
+writes the run folder::
+
+    run_dir/config.yaml             the fully resolved config
+    run_dir/metrics.{csv,json}      one record per evaluation (epoch 0 = untrained model)
+    run_dir/report.json             untrained vs trained metrics, best epoch
+    run_dir/checkpoints/{last,best}.ckpt
+    run_dir/figures/*.png           rankopt.viz.write_figures
+
+Resuming (``train.resume=path|auto``) restores model, optimizers, schedulers,
+grad scaler, memory, sampler and every RNG, so an interrupted run ends with the
+same weights as an uninterrupted one. The position inside an epoch is the count of
+completed steps: the epoch's batches are re-planned from ``(seed, epoch)`` and the
+done ones skipped without loading their images (the sampler's own saved position
+can run ahead of the training step when a DataLoader prefetches). This is exact on CPU with
+``data.num_workers=0``; with workers, resuming at an epoch boundary is exact
+(each epoch's loader is seeded from ``(seed, epoch)``) but resuming mid-epoch
+re-seeds the workers' augmentations.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import json
+import math
+import random
+import time
+from collections.abc import Iterator
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, Dataset
+
+from rankopt.checks import check_finite_scalar
+from rankopt.config import ExperimentConfig, apply_overrides, config_to_dict, save_config
+from rankopt.engine import checkpoint as ckpt
+from rankopt.engine.evaluation import EmbeddedSplit, autocast_context, evaluate_model
+from rankopt.engine.logging import RunLogger, echo, format_table, progress
+from rankopt.engine.optim import build_optimizer, build_scheduler, model_param_groups
+
+_MAX_PATHS_SHOWN = 8
+
+
+def resolve_device(spec: str, local_rank: int = 0) -> torch.device:
+    """``"auto"``: this rank's CUDA device when available, else the CPU."""
+    if spec == "auto":
+        return torch.device(f"cuda:{local_rank}") if torch.cuda.is_available() else torch.device("cpu")
+    device = torch.device(spec)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"train.device={spec!r} but CUDA is not available")
+    return device
+
+
+def seed_everything(seed: int) -> None:
+    """Seed Python, NumPy and torch (CPU and CUDA)."""
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+
+
+def build_model(cfg: ExperimentConfig) -> nn.Module:
+    """``rankopt.models.create_model`` from ``cfg.model``."""
+    from rankopt.models import create_model
+
+    m = cfg.model
+    return create_model(m.backbone, pretrained=m.pretrained, pooling=m.pooling, gem_p=m.gem_p,
+                        gem_learnable=m.gem_learnable, layer_norm=m.layer_norm, embedding_dim=m.embedding_dim,
+                        freeze_bn=m.freeze_bn, **m.kwargs)
+
+
+def model_from_checkpoint(path: str | Path, device: torch.device | str = "cpu") -> tuple[nn.Module, ExperimentConfig]:
+    """The model of a training checkpoint (weights-only loading; no download) in eval mode, and its config."""
+    state = ckpt.load_checkpoint(path, map_location=device)
+    if "model" not in state or "config" not in state:
+        raise ValueError(f"{str(path)!r} is not a rankopt training checkpoint (no 'model'/'config' entry)")
+    cfg = apply_overrides(state["config"])
+    model = build_model(dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, pretrained=False)))
+    model.load_state_dict(state["model"])
+    return model.to(device).eval(), cfg
+
+
+def build_loss(cfg: ExperimentConfig, *, num_classes: int, embedding_dim: int) -> nn.Module:
+    """``rankopt.losses.build(cfg.loss.name, **cfg.loss.kwargs)``.
+
+    Losses with proxies (``proxy_dg``, ``rod_*``, ``happier``, ...) need ``num_classes``
+    and ``embedding_dim``: they are filled in from the data and the model unless given.
+    """
+    from rankopt import losses
+
+    kwargs = dict(cfg.loss.kwargs)
+    try:
+        return losses.build(cfg.loss.name, **kwargs)
+    except TypeError as err:
+        if "num_classes" not in str(err) and "embedding_dim" not in str(err):
+            raise
+    kwargs.setdefault("num_classes", num_classes)
+    kwargs.setdefault("embedding_dim", embedding_dim)
+    return losses.build(cfg.loss.name, **kwargs)
+
+
+def build_transforms(cfg: ExperimentConfig) -> tuple[Any, Any]:
+    """The (train, test) transforms of ``cfg.data`` (``rankopt.data.transforms.build_transform``)."""
+    from rankopt.data.transforms import build_transform
+
+    d = cfg.data
+    return build_transform(d.train_transform, d.image_size), build_transform(d.test_transform, d.image_size)
+
+
+def build_datasets(cfg: ExperimentConfig, *, train: bool = True) -> tuple[Dataset | None, dict[str, Dataset]]:
+    """The training dataset (when ``train``) and the evaluation splits (ordered), with their transforms.
+
+    With ``data.batch_transform`` the datasets decode only; the trainer transforms whole batches.
+    """
+    from rankopt.data import build_dataset, evaluation_splits
+
+    d = cfg.data
+    train_tf, test_tf = (None, None) if d.batch_transform else build_transforms(cfg)
+    train_ds = build_dataset(d.name, d.root, d.train_split, transform=train_tf, **d.kwargs) if train else None
+    same = d.eval_name is None or d.eval_name == d.name
+    name, root, kwargs = (d.name, d.eval_root or d.root, d.kwargs) if same else (d.eval_name, d.eval_root, {})
+    splits = d.eval_splits or list(evaluation_splits(name))
+    evals = {s: build_dataset(name, root, s, transform=test_tf, **kwargs) for s in splits}
+    return train_ds, evals
+
+
+def build_sampler(cfg: ExperimentConfig, labels: np.ndarray, *, rank: int = 0, world_size: int = 1) -> Any:
+    """``rankopt.data.build_batch_sampler`` from ``cfg.train`` (the batch size is the global one)."""
+    from rankopt.data import build_batch_sampler
+
+    t = cfg.train
+    return build_batch_sampler(t.sampler, labels, batch_size=t.batch_size, m=t.m, seed=t.seed,
+                               rank=rank, world_size=world_size, **t.sampler_kwargs)
+
+
+def _scores(record: dict[str, Any]) -> dict[str, float]:
+    """The metric values of an evaluation record (without the query counts)."""
+    return {k: v for k, v in record.items() if not k.startswith("num_")}
+
+
+class _SkipBatches:
+    """A batch sampler without its first ``skip`` batches (resuming mid-epoch; no image is loaded for them)."""
+
+    def __init__(self, sampler: Any, skip: int):
+        self.sampler, self.skip = sampler, skip
+
+    def __iter__(self) -> Iterator[list[int]]:
+        return itertools.islice(iter(self.sampler), self.skip, None)
+
+    def __len__(self) -> int:
+        return max(len(self.sampler) - self.skip, 0)
+
+
+class Trainer:
+    """Trains one experiment; see the module docstring for the run folder."""
+
+    def __init__(self, cfg: ExperimentConfig, run_dir: str | Path | None = None):
+        from rankopt.engine.distributed import init_distributed
+
+        if cfg.train.best_metric not in cfg.eval.metrics:
+            raise ValueError(f"train.best_metric={cfg.train.best_metric!r} is not in eval.metrics {cfg.eval.metrics}")
+        self.cfg = cfg
+        info = init_distributed()  # one process unless launched by torchrun
+        self.rank, self.world_size = info.rank, info.world_size
+        self.is_main = info.is_main
+        self.device = resolve_device(cfg.train.device, info.local_rank)
+        stamp = datetime.now(timezone.utc).strftime("%Y%m%d-%H%M%S")
+        self.run_dir = Path(run_dir or cfg.output.dir or Path("runs") / f"{cfg.name}-{stamp}")
+        seed_everything(cfg.train.seed + self.rank)
+        self.show = cfg.output.progress and self.is_main
+
+        self.train_ds, self.eval_ds = build_datasets(cfg)
+        self.batch_transforms = build_transforms(cfg) if cfg.data.batch_transform else (None, None)
+        labels = np.asarray(self.train_ds.labels)
+        self.sampler = build_sampler(cfg, labels, rank=self.rank, world_size=self.world_size)
+        self.steps_per_epoch = len(self.sampler)
+        if cfg.train.max_steps_per_epoch is not None:
+            self.steps_per_epoch = min(self.steps_per_epoch, cfg.train.max_steps_per_epoch)
+        if self.steps_per_epoch < 1:
+            raise ValueError(f"the training split of {cfg.data.name!r} yields no batch of {cfg.train.batch_size} "
+                             f"with sampler {cfg.train.sampler!r}")
+
+        self.model = build_model(cfg).to(self.device)
+        embedding_dim = int(self.model.embedding_dim)
+        self.loss_fn = build_loss(cfg, num_classes=int(labels[:, 0].max()) + 1, embedding_dim=embedding_dim)
+        self.loss_fn.to(self.device)
+        self.train_model: nn.Module = self.model
+        self.train_loss: nn.Module = self.loss_fn
+        if self.world_size > 1:
+            from rankopt.engine.distributed import DistributedLoss
+
+            ids = [self.device.index] if self.device.type == "cuda" else None
+            self.train_model = nn.parallel.DistributedDataParallel(self.model, device_ids=ids)
+            self.train_loss = DistributedLoss(self.loss_fn)
+            for tensor in self.loss_fn.state_dict().values():  # proxies start equal on every rank
+                torch.distributed.broadcast(tensor, src=0)
+
+        o = cfg.optim
+        groups = model_param_groups(self.model.backbone_parameters(), self.model.head_parameters(), o)
+        self.optimizer = build_optimizer(groups, o)
+        self.scheduler = build_scheduler(self.optimizer, cfg.schedule, epochs=cfg.train.epochs,
+                                         steps_per_epoch=self.steps_per_epoch)
+        self.loss_params = [p for p in self.loss_fn.parameters() if p.requires_grad]
+        self.loss_optimizer = build_optimizer(self.loss_params, o.loss_params) if self.loss_params else None
+        self.loss_scheduler = None
+        if self.loss_optimizer is not None:
+            self.loss_scheduler = build_scheduler(self.loss_optimizer, o.loss_params.schedule,
+                                                  epochs=cfg.train.epochs, steps_per_epoch=self.steps_per_epoch)
+        self.scaler = torch.amp.GradScaler(self.device.type, enabled=cfg.train.amp == "fp16")
+
+        self.memory = None
+        mem = cfg.train.memory
+        if mem.enabled:
+            from rankopt.engine.memory import CrossBatchMemory
+
+            self.memory = CrossBatchMemory(mem.size or len(self.train_ds), embedding_dim, num_levels=labels.shape[1],
+                                           warmup_steps=mem.warmup_steps, weight=mem.weight).to(self.device)
+        sub = cfg.train.sub_batch_size
+        self.sub_batch_size = sub if sub is not None and sub < cfg.train.batch_size else None
+
+        self.epoch = 0  # completed epochs
+        self.step_in_epoch = 0  # completed batches of the current epoch
+        self.global_step = 0
+        self.loss_sum, self.loss_count = 0.0, 0
+        self.best: dict[str, Any] = {"metric": cfg.train.best_metric, "value": None, "epoch": None}
+        self.logger = RunLogger(self.run_dir, tensorboard=cfg.output.tensorboard) if self.is_main else None
+        self.last_splits: list[EmbeddedSplit] = []
+        self._backbone_params = list(self.model.backbone_parameters())
+        if cfg.train.resume:
+            path = ckpt.resolve_resume(cfg.train.resume, self.run_dir)
+            if path is not None:
+                self.load_state(ckpt.load_checkpoint(path, map_location=self.device))
+                if self.is_main:
+                    echo(f"resumed from {path} (epoch {self.epoch}, step {self.global_step})")
+
+    # ---------------------------------------------------------------- state
+    def state_dict(self) -> dict[str, Any]:
+        """Everything needed to continue the run exactly (plain containers and tensors only)."""
+        optional = lambda obj: None if obj is None else obj.state_dict()  # noqa: E731
+        return {
+            "format": "rankopt-checkpoint", "version": 1,
+            "epoch": self.epoch, "step_in_epoch": self.step_in_epoch, "global_step": self.global_step,
+            "loss_sum": self.loss_sum, "loss_count": self.loss_count,
+            "model": self.model.state_dict(), "loss": self.loss_fn.state_dict(),
+            "optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict(),
+            "loss_optimizer": optional(self.loss_optimizer), "loss_scheduler": optional(self.loss_scheduler),
+            "scaler": self.scaler.state_dict(), "memory": optional(self.memory),
+            "sampler": self.sampler.state_dict() if hasattr(self.sampler, "state_dict") else None,
+            "rng": ckpt.rng_state(), "config": config_to_dict(self.cfg),
+            "history": self.logger.history if self.logger else [], "best": dict(self.best),
+        }
+
+    def load_state(self, state: dict[str, Any]) -> None:
+        self.model.load_state_dict(state["model"])
+        self.loss_fn.load_state_dict(state["loss"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])
+        for obj, key in ((self.loss_optimizer, "loss_optimizer"), (self.loss_scheduler, "loss_scheduler"),
+                         (self.memory, "memory")):
+            if obj is not None and state.get(key) is not None:
+                obj.load_state_dict(state[key])
+        self.scaler.load_state_dict(state["scaler"])
+        if state.get("sampler") is not None and hasattr(self.sampler, "load_state_dict"):
+            self.sampler.load_state_dict(state["sampler"])
+        self.epoch, self.step_in_epoch = int(state["epoch"]), int(state["step_in_epoch"])
+        self.global_step = int(state["global_step"])
+        self.loss_sum, self.loss_count = float(state["loss_sum"]), int(state["loss_count"])
+        self.best = dict(state["best"])
+        if self.logger is not None:
+            self.logger.history = list(state["history"])
+        ckpt.set_rng_state(state["rng"])
+
+    def save(self, name: str) -> Path:
+        """Write ``checkpoints/<name>`` (main process only)."""
+        path = self.run_dir / ckpt.CHECKPOINT_DIR / name
+        if self.is_main:
+            ckpt.save_checkpoint(path, self.state_dict())
+        return path
+
+    # ---------------------------------------------------------------- training
+    def _loss(self, embeddings: torch.Tensor, labels: torch.Tensor, indices: torch.Tensor) -> torch.Tensor:
+        if self.memory is not None:
+            return self.memory.loss_with_memory(self.train_loss, embeddings, labels, indices, self.global_step)
+        return self.train_loss(embeddings, labels)
+
+    def _train_step(self, batch: dict[str, Any]) -> float:
+        images = batch["image"].to(self.device, non_blocking=True)
+        if self.batch_transforms[0] is not None:
+            images = self.batch_transforms[0](images)
+        labels = batch["label"].to(self.device)
+        indices = batch["index"].to(self.device)
+        if self.sub_batch_size is not None:
+            from rankopt.engine.multistage import multistage_step
+
+            dtype = {"none": None, "bf16": torch.bfloat16, "fp16": torch.float16}[self.cfg.train.amp]
+            loss, embeddings = multistage_step(
+                self.train_model, images, labels, lambda emb, lab: self._loss(emb, lab, indices),
+                self.sub_batch_size, autocast_dtype=dtype, scaler=self.scaler if self.scaler.is_enabled() else None)
+        else:
+            with autocast_context(self.device, self.cfg.train.amp):
+                embeddings = self.train_model(images)
+            loss = self._loss(embeddings.float(), labels, indices)
+        self._check_finite(loss, batch)
+        if self.sub_batch_size is None:
+            self.scaler.scale(loss).backward()
+        if self.memory is not None:
+            self.memory.enqueue(embeddings.detach().float(), labels, indices)
+        self._optimizer_step()
+        return float(loss.detach())
+
+    def _check_finite(self, loss: torch.Tensor, batch: dict[str, Any]) -> None:
+        try:
+            check_finite_scalar(loss, f"training loss at step {self.global_step} (epoch {self.epoch + 1}, "
+                                      f"batch {self.step_in_epoch})")
+        except FloatingPointError as err:
+            path = self.save(f"nan_step{self.global_step}.ckpt")
+            paths = list(batch["path"])
+            listing = self.run_dir / f"nan_step{self.global_step}_paths.txt"
+            if self.is_main:
+                listing.write_text("\n".join(paths) + "\n")
+            shown = ", ".join(paths[:_MAX_PATHS_SHOWN])
+            more = f" and {len(paths) - _MAX_PATHS_SHOWN} more (all in {listing})" if len(paths) > _MAX_PATHS_SHOWN else ""
+            raise FloatingPointError(f"{err}; the batch's images: {shown}{more}; "
+                                     f"checkpoint before the update saved to {path}") from None
+
+    def _optimizer_step(self) -> None:
+        optimizers = [self.optimizer] + ([self.loss_optimizer] if self.loss_optimizer is not None else [])
+        if self.world_size > 1:  # DDP averages the model's gradients; average the loss parameters' too
+            for p in self.loss_params:
+                if p.grad is not None:
+                    torch.distributed.all_reduce(p.grad)
+                    p.grad /= self.world_size
+        for opt in optimizers:
+            self.scaler.unscale_(opt)
+        if self.cfg.train.grad_clip is not None:
+            nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.train.grad_clip)
+        if self.epoch < self.cfg.optim.backbone_frozen_epochs:
+            for p in self._backbone_params:
+                p.grad = None
+        for opt in optimizers:
+            self.scaler.step(opt)
+            opt.zero_grad(set_to_none=True)
+        self.scaler.update()
+        self._step_schedulers("step")
+
+    def _step_schedulers(self, interval: str) -> None:
+        pairs = ((self.scheduler, self.cfg.schedule), (self.loss_scheduler, self.cfg.optim.loss_params.schedule))
+        for scheduler, sched_cfg in pairs:
+            if scheduler is not None and sched_cfg.interval == interval:
+                scheduler.step()
+
+    def _epoch_loader(self) -> DataLoader:
+        self.sampler.set_epoch(self.epoch)
+        generator = torch.Generator().manual_seed(self.cfg.train.seed * 1_000_003 + self.epoch)
+        return DataLoader(self.train_ds, batch_sampler=_SkipBatches(self.sampler, self.step_in_epoch),
+                          num_workers=self.cfg.data.num_workers, generator=generator,
+                          pin_memory=self.device.type == "cuda")
+
+    def train_epoch(self) -> float:
+        """One epoch (or its remainder after a mid-epoch resume); returns the mean training loss."""
+        self.train_model.train()
+        remaining = self.steps_per_epoch - self.step_in_epoch
+        bar = progress(itertools.islice(self._epoch_loader(), remaining), total=remaining,
+                       desc=f"epoch {self.epoch + 1}/{self.cfg.train.epochs}", enabled=self.show)
+        every = self.cfg.train.checkpoint_every_steps
+        for batch in bar:
+            value = self._train_step(batch)
+            self.loss_sum += value
+            self.loss_count += 1
+            self.step_in_epoch += 1
+            self.global_step += 1
+            if hasattr(bar, "set_postfix"):
+                bar.set_postfix(loss=f"{value:.4f}")
+            if every and self.global_step % every == 0 and self.step_in_epoch < self.steps_per_epoch:
+                self.save(ckpt.LAST)
+        mean = self.loss_sum / max(self.loss_count, 1)
+        self._step_schedulers("epoch")
+        self.epoch += 1
+        self.step_in_epoch, self.loss_sum, self.loss_count = 0, 0.0, 0
+        return mean
+
+    # ---------------------------------------------------------------- evaluation
+    def evaluate(self) -> dict[str, float]:
+        """Metrics of the current model on the evaluation splits (all ranks take part)."""
+        result, self.last_splits = evaluate_model(
+            self.model, self.eval_ds, self.cfg.eval, device=self.device, num_workers=self.cfg.data.num_workers,
+            amp=self.cfg.train.amp, show_progress=self.show, batch_transform=self.batch_transforms[1])
+        metrics = dict(result.metrics)
+        metrics["num_queries"] = result.num_queries
+        metrics["num_queries_without_positive"] = result.num_queries_without_positive
+        return metrics
+
+    def _record(self, metrics: dict[str, float], loss: float) -> None:
+        lrs = {f"lr_{g.get('name', i)}": g["lr"] for i, g in enumerate(self.optimizer.param_groups)}
+        record = {"epoch": self.epoch, "step": self.global_step, "loss": loss, **lrs, **metrics}
+        if self.logger is not None:
+            self.logger.log(record)
+        key = self.cfg.train.best_metric
+        if key not in metrics:
+            raise ValueError(f"train.best_metric={key!r} was not computed on {self.cfg.data.eval_name or self.cfg.data.name}"
+                             f"; available: {', '.join(_scores(metrics))}")
+        if self.epoch > 0 and (self.best["value"] is None or metrics[key] > self.best["value"]):
+            self.best = {"metric": key, "value": metrics[key], "epoch": self.epoch}
+            self.save(ckpt.BEST)
+
+    def fit(self) -> dict[str, Any]:
+        """Train to ``train.epochs``; returns the final report (also written to ``report.json``)."""
+        cfg = self.cfg
+        start = time.perf_counter()
+        if self.is_main:
+            self.run_dir.mkdir(parents=True, exist_ok=True)
+            save_config(cfg, self.run_dir / "config.yaml")
+            echo(f"run folder: {self.run_dir}")
+        if self.global_step == 0 and not (self.logger and self.logger.history):
+            untrained = self.evaluate()
+            self._record(untrained, math.nan)
+            if self.is_main:
+                echo(format_table({"untrained": _scores(untrained)}, "metrics of the untrained model:"))
+        while self.epoch < cfg.train.epochs:
+            loss = self.train_epoch()
+            if self.epoch % cfg.train.eval_every == 0 or self.epoch == cfg.train.epochs:
+                metrics = self.evaluate()
+                self._record(metrics, loss)
+                if self.is_main:
+                    shown = ", ".join(f"{k}={metrics[k]:.4f}" for k in cfg.eval.metrics if k in metrics)
+                    echo(f"epoch {self.epoch}: loss={loss:.4f} {shown}")
+            self.save(ckpt.LAST)
+        report = self._report(time.perf_counter() - start)
+        if self.logger is not None:
+            self.logger.close()
+        return report
+
+    def _report(self, seconds: float) -> dict[str, Any]:
+        history = self.logger.history if self.logger else []
+        evaluated = [r for r in history if r["epoch"] > 0]
+        if not self.last_splits:  # resumed after the last evaluation: embed once more for the figures
+            self.evaluate()
+        metric_keys = list(self.cfg.eval.metrics)
+        pick = lambda rec: {k: rec[k] for k in rec if k in metric_keys or k.startswith("num_")}  # noqa: E731
+        report = {
+            "name": self.cfg.name, "run_dir": str(self.run_dir), "dataset": self.cfg.data.name,
+            "epochs": self.epoch, "steps": self.global_step, "train_seconds": round(seconds, 1),
+            "untrained": pick(history[0]) if history else {},
+            "trained": pick(evaluated[-1]) if evaluated else {},
+            "best": self.best,
+        }
+        if self.is_main:
+            (self.run_dir / "report.json").write_text(json.dumps(report, indent=2))
+            trained = report["trained"]
+            echo(format_table({"untrained": _scores(report["untrained"]), "trained": _scores(trained)},
+                              f"final report ({self.cfg.data.name}, {self.epoch} epochs, "
+                              f"{trained.get('num_queries', '?')} queries):"))
+            if self.cfg.output.figures:
+                report["figures"] = [str(p) for p in self._figures(history)]
+        return report
+
+    def _figures(self, history: list[dict[str, Any]]) -> list[Path]:
+        try:
+            from rankopt.viz import write_figures
+        except ImportError as err:
+            echo(f"figures skipped: rankopt.viz is not available ({err})")
+            return []
+        query = self.last_splits[0]
+        ref = self.last_splits[1] if len(self.last_splits) == 2 else None
+        level_names = getattr(next(iter(self.eval_ds.values())), "level_names", None)
+        return write_figures(
+            self.run_dir / "figures", query_embeddings=query.embeddings, query_labels=query.labels,
+            ref_embeddings=None if ref is None else ref.embeddings, ref_labels=None if ref is None else ref.labels,
+            query_paths=query.paths, ref_paths=None if ref is None else ref.paths, history=history,
+            level_names=level_names)

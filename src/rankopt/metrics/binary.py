@@ -1,0 +1,82 @@
+"""Binary (finest-level) retrieval metrics, per query, with pessimistic ranks.
+
+Positives ``P`` of a query are the retrieval-set items with the same finest label
+(column 0), the query itself excluded; ``R = |P|``. With ``rank`` the pessimistic
+rank (see :mod:`rankopt.metrics.ranking`) and ``rank+(j) = #{k in P : s_k >= s_j}``:
+
+* ``recall@k``      hit rate, ``1[min_{j in P} rank(j) <= k]`` (the field's "Recall@k").
+* ``precision@k``   ``#{j in P : rank(j) <= k} / k``.
+* ``true_recall@k`` ``#{j in P : rank(j) <= k} / min(k, R)`` (TPAMI Eq. 14).
+* ``map@r``         ``(1/R) sum_{j in P, rank(j) <= R} rank+(j)/rank(j)`` (divided by R, as PML).
+* ``map@k``         ``(1/min(R, k)) sum_{j in P, rank(j) <= k} rank+(j)/rank(j)`` (GLDv2 mAP@100).
+* ``map``           ``(1/R) sum_{j in P} rank+(j)/rank(j)`` over the whole ranking (TPAMI Eq. 33).
+* ``mrr``           ``1 / min_{j in P} rank(j)``.
+
+Every function returns per-query float64 values, NaN where the query has no positive.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from rankopt.metrics.ranking import count_at_least, cumulative_at_ranks
+
+
+def topk_metrics(
+    ranks: torch.Tensor, positive: torch.Tensor, num_pos: torch.Tensor, requests: list[tuple[str, str, int]]
+) -> dict[str, torch.Tensor]:
+    """Top-k metrics from ranked lists.
+
+    ``ranks``: ``(Q, K)`` pessimistic ranks of the list items (see ``list_ranks``);
+    ``positive``: ``(Q, K)`` bool; ``num_pos``: ``(Q,)`` ``R``; ``requests``: ``(name, family, k)``
+    with ``k`` ignored for ``map@r``. The lists must reach one item beyond the deepest cut-off.
+    """
+    num_pos = num_pos.to(torch.float64)
+    has_pos = num_pos > 0
+    precision = cumulative_at_ranks(positive, ranks).to(torch.float64) / ranks.to(torch.float64)
+    out = {}
+    for name, family, k in requests:
+        cut = num_pos.unsqueeze(1) if family == "map@r" else k
+        hits = positive & (ranks <= cut)
+        num_hits = hits.sum(dim=1).to(torch.float64)
+        if family == "recall":
+            value = (num_hits > 0).to(torch.float64)
+        elif family == "precision":
+            value = num_hits / k
+        elif family == "true_recall":
+            value = num_hits / num_pos.clamp(max=k)
+        else:
+            denom = num_pos if family == "map@r" else num_pos.clamp(max=k)
+            value = (precision * hits).sum(dim=1) / denom
+        out[name] = torch.where(has_pos, value, torch.nan)
+    return out
+
+
+def full_ap_and_mrr(scores: torch.Tensor, pos_scores: torch.Tensor, valid: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Full-ranking AP and reciprocal rank without sorting the ``(Q, R)`` chunk.
+
+    ``pos_scores``/``valid``: ``(Q, P)`` scores of the positives (padding not valid).
+    ``rank(j)`` is counted over the chunk row, ``rank+(j)`` among the positives.
+    """
+    t = pos_scores.masked_fill(~valid, float("-inf")).to(scores.dtype)
+    t, order = t.sort(dim=1, descending=True)
+    ok = valid.gather(1, order)
+    width = max(int(ok.sum(dim=1).max()), 1)
+    t, ok = t[:, :width], ok[:, :width]
+    ranks = count_at_least(scores, t).to(torch.float64)
+    rank_plus = ((t.unsqueeze(1) >= t.unsqueeze(2)) & ok.unsqueeze(1)).sum(dim=2).to(torch.float64)
+    num_pos = ok.sum(dim=1).to(torch.float64)
+    ap = torch.where(ok, rank_plus / ranks, 0.0).sum(dim=1) / num_pos
+    rr = 1.0 / ranks[:, 0]
+    has_pos = num_pos > 0
+    return torch.where(has_pos, ap, torch.nan), torch.where(has_pos, rr, torch.nan)
+
+
+def full_ap_from_list(ranks: torch.Tensor, positive: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """AP and reciprocal rank from complete ranked lists (``(Q, M)`` ranks and positive flags)."""
+    num_pos = positive.sum(dim=1).to(torch.float64)
+    precision = cumulative_at_ranks(positive, ranks).to(torch.float64) / ranks.to(torch.float64)
+    ap = (precision * positive).sum(dim=1) / num_pos
+    first = torch.where(positive, ranks, torch.iinfo(torch.int64).max).min(dim=1).values
+    has_pos = num_pos > 0
+    return torch.where(has_pos, ap, torch.nan), torch.where(has_pos, 1.0 / first.to(torch.float64), torch.nan)

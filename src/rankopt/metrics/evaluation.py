@@ -1,0 +1,263 @@
+"""``evaluate()``: exact retrieval metrics over a query set and a gallery, in query chunks.
+
+Conventions (see the metric modules for the formulas):
+
+* The retrieval set of a query is the gallery; with ``ref_embeddings=None`` the query
+  set is the gallery and each query's own item is excluded by index.
+* Ties are pessimistic: ``rank(j) = 1 + #{k != j : s_k >= s_j}``, for every metric.
+* A query for which a metric is undefined (no positive at the finest level for binary
+  metrics, no item at level >= 1 for H-AP/ΣwAP/ASI, zero ideal gain for NDCG, no positive
+  at the level for ``ap@level{c}``) is excluded from that metric's average and counted in
+  ``num_excluded``; ``num_queries_without_positive`` counts queries without a finest-level positive.
+* Top-k metrics come from an exact top-``K`` (``K`` = deepest cut-off, ``max R`` for ``map@r``,
+  plus one item to resolve boundary ties): per query chunk, or, in self-retrieval with top-k
+  metrics only, over the tiles of the upper triangle of the symmetric score matrix (half the
+  products). ``map`` and ``mrr`` count, per positive, the items scoring at least as high,
+  without sorting; hierarchical metrics (or classes larger than ``MAX_COUNTED_POSITIVES``)
+  sort each chunk row. The full ``Q x R`` matrix is never materialised.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+
+import torch
+
+from rankopt.checks import check_embeddings, check_labels
+from rankopt.metrics.binary import full_ap_and_mrr, full_ap_from_list, topk_metrics
+from rankopt.metrics.hierarchical import hierarchical_metrics
+from rankopt.metrics.ranking import ClassIndex, list_ranks
+from rankopt.metrics.search import CHUNK_BUDGET_BYTES, default_chunk_size, faiss_topk, score_chunks, self_topk
+from rankopt.registry import Registry
+from rankopt.similarity import SIMILARITIES
+
+DEFAULT_METRICS = ("recall@1", "recall@10", "map@r", "map")
+DEFAULT_HIERARCHICAL_METRICS = (*DEFAULT_METRICS, "h-ap", "asi", "ndcg")
+ALL_METRICS = ("recall@1", "recall@10", "recall@100", "true_recall@10", "precision@10", "map@r", "map@100",
+               "map", "mrr", "h-ap", "sum_wap", "asi", "ndcg")  # fmt: skip
+OPTIONS = ("alpha", "weights", "gains")
+MAX_COUNTED_POSITIVES = 32  # above this many positives in a chunk, map/mrr sort the chunk instead
+SELF_BLOCK = 4096  # tile size of the symmetric self-retrieval top-k
+
+
+@dataclass(frozen=True)
+class MetricSpec:
+    """A parsed metric name: ``family`` (e.g. ``recall``), cut-off or level ``k``, and its ``kind``."""
+
+    name: str
+    family: str
+    k: int
+    kind: str  # "topk", "full" (binary, whole ranking) or "hierarchical"
+
+
+METRICS: Registry[MetricSpec] = Registry("metric")
+_KINDS = {
+    "recall": "topk", "precision": "topk", "true_recall": "topk", "map@r": "topk", "map@k": "topk",
+    "map": "full", "mrr": "full",
+    "h-ap": "hierarchical", "sum_wap": "hierarchical", "asi": "hierarchical", "ndcg": "hierarchical", "ap@level": "hierarchical",
+}  # fmt: skip
+for _family, _kind in _KINDS.items():
+    METRICS.register(_family)(lambda name, k=0, _f=_family, _k=_kind: MetricSpec(name, _f, k, _k))
+
+_PATTERN = re.compile(r"^(recall|precision|true_recall|map)@(\d+)$|^ap@level(\d+)$")
+
+
+def parse_metric(name: str) -> MetricSpec:
+    """``recall@10`` -> ``MetricSpec("recall@10", "recall", 10, "topk")``; unknown names raise ``KeyError``."""
+    key = name.strip().lower()
+    match = _PATTERN.match(key)
+    if match and match.group(3) is not None:
+        return METRICS.build("ap@level", name=key, k=int(match.group(3)))
+    if match:
+        family, k = match.group(1), int(match.group(2))
+        if k < 1:
+            raise ValueError(f"metric {name!r}: the cut-off must be >= 1")
+        return METRICS.build("map@k" if family == "map" else family, name=key, k=k)
+    if ("@" in key and key != "map@r") or key in ("recall", "precision", "true_recall", "map@k", "ap@level"):
+        raise KeyError(f"unknown metric {name!r}; use recall@K, true_recall@K, precision@K, map@K, ap@level{{c}} or one of {', '.join(METRICS.names())}")
+    return METRICS.build(key, name=key)
+
+
+@dataclass
+class EvaluationResult:
+    """Metric values (averages over the queries where each is defined) and query counts."""
+
+    metrics: dict[str, float]
+    num_queries: int
+    num_queries_without_positive: int
+    num_excluded: dict[str, int] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, object]:
+        return {
+            "metrics": dict(self.metrics),
+            "num_queries": self.num_queries,
+            "num_queries_without_positive": self.num_queries_without_positive,
+            "num_excluded": dict(self.num_excluded),
+        }
+
+
+def _check_inputs(
+    query_embeddings: torch.Tensor, query_labels: torch.Tensor, ref_embeddings: torch.Tensor | None, ref_labels: torch.Tensor | None
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    query = check_embeddings(query_embeddings, "query_embeddings")
+    q_labels = check_labels(query_labels, query.shape[0], "query_labels")
+    if ref_embeddings is None:
+        if ref_labels is not None:
+            raise ValueError("ref_labels given without ref_embeddings")
+        if query.shape[0] < 2:
+            raise ValueError("query_embeddings has 1 row: with the query set as gallery, each query needs another item")
+        return query, q_labels, query, q_labels
+    if ref_labels is None:
+        raise ValueError("ref_embeddings given without ref_labels")
+    ref = check_embeddings(ref_embeddings, "ref_embeddings")
+    r_labels = check_labels(ref_labels, ref.shape[0], "ref_labels")
+    if ref.shape[1] != query.shape[1]:
+        raise ValueError(f"query_embeddings have {query.shape[1]} dimensions but ref_embeddings have {ref.shape[1]}")
+    if r_labels.shape[1] != q_labels.shape[1]:
+        raise ValueError(f"query_labels have {q_labels.shape[1]} levels but ref_labels have {r_labels.shape[1]}")
+    return query, q_labels, ref, r_labels
+
+
+def _levels(ref_labels: torch.Tensor, order: torch.Tensor, query_labels: torch.Tensor) -> torch.Tensor:
+    """Relevance levels (shared hierarchy levels) of the references listed in ``order`` (Q, K)."""
+    levels = torch.zeros(order.shape, dtype=torch.int64, device=order.device)
+    for col in range(ref_labels.shape[1]):
+        levels += ref_labels[:, col][order] == query_labels[:, col : col + 1]
+    return levels
+
+
+def evaluate(
+    query_embeddings: torch.Tensor,
+    query_labels: torch.Tensor,
+    ref_embeddings: torch.Tensor | None = None,
+    ref_labels: torch.Tensor | None = None,
+    *,
+    metrics: Sequence[str] | None = None,
+    similarity: str = "cosine",
+    chunk_size: int | None = None,
+    device: str | torch.device | None = None,
+    backend: str = "torch",
+    progress: bool = False,
+    **options: object,
+) -> EvaluationResult:
+    """Exact retrieval metrics (names: ``recall@K``, ``true_recall@K``, ``precision@K``, ``map@r``,
+    ``map``, ``map@K``, ``mrr``, ``h-ap``, ``sum_wap``, ``asi``, ``ndcg``, ``ap@level{c}``).
+
+    ``metrics=None``: :data:`DEFAULT_METRICS` (plus H-AP, ASI, NDCG for 2-D labels).
+    ``options``: ``alpha`` (H-AP, Eq. 20), ``weights`` (ΣwAP), ``gains`` (NDCG: ``"exp"``,
+    ``"linear"`` or a per-level list). ``backend="faiss"`` serves top-k metrics only.
+    """
+    query, q_labels, ref, r_labels = _check_inputs(query_embeddings, query_labels, ref_embeddings, ref_labels)
+    unknown = sorted(set(options) - set(OPTIONS))
+    if unknown:
+        raise TypeError(f"unknown evaluate() option(s) {unknown}; known: {', '.join(OPTIONS)}")
+    if similarity not in SIMILARITIES:
+        raise ValueError(f"unknown similarity {similarity!r}; use one of {', '.join(SIMILARITIES)}")
+    if backend not in ("torch", "faiss"):
+        raise ValueError(f"unknown backend {backend!r}; use 'torch' or 'faiss'")
+    num_levels = q_labels.shape[1]
+    specs = [parse_metric(m) for m in (metrics or (DEFAULT_METRICS if num_levels == 1 else DEFAULT_HIERARCHICAL_METRICS))]
+    for spec in specs:
+        if spec.family == "ap@level" and spec.k >= num_levels:
+            raise ValueError(f"metric {spec.name!r}: labels have {num_levels} level(s), columns 0..{num_levels - 1}")
+    if backend == "faiss" and any(s.kind != "topk" for s in specs):
+        bad = [s.name for s in specs if s.kind != "topk"]
+        raise ValueError(f"backend='faiss' serves top-k metrics only; use backend='torch' for {bad}")
+
+    self_retrieval = ref_embeddings is None
+    dev = torch.device(device) if device is not None else query.device
+    dtype = torch.float64 if query.dtype == torch.float64 else torch.float32
+    query, q_labels = query.to(dev, dtype), q_labels.to(dev)
+    ref, r_labels = (query, q_labels) if self_retrieval else (ref.to(dev, dtype), r_labels.to(dev))
+    if chunk_size is not None and chunk_size < 1:
+        raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
+    ctx = _Context(specs, q_labels, r_labels, self_retrieval, options)
+
+    sums: dict[str, float] = {s.name: 0.0 for s in specs}
+    counts: dict[str, int] = {s.name: 0 for s in specs}
+    for per_query in _per_query_metrics(ctx, query, ref, similarity, chunk_size, backend, progress):
+        for name, values in per_query.items():
+            if name in sums:
+                defined = ~values.isnan()
+                sums[name] += float(values[defined].sum())
+                counts[name] += int(defined.sum())
+
+    num_queries = query.shape[0]
+    return EvaluationResult(
+        metrics={name: (sums[name] / counts[name] if counts[name] else math.nan) for name in sums},
+        num_queries=num_queries,
+        num_queries_without_positive=int((ctx.num_pos <= 0).sum()),
+        num_excluded={name: num_queries - counts[name] for name in sums},
+    )
+
+
+class _Context:
+    """What the per-chunk computations need: labels, positives' counts, the metric requests."""
+
+    def __init__(self, specs: list[MetricSpec], q_labels: torch.Tensor, r_labels: torch.Tensor, self_retrieval: bool, options: dict[str, object]) -> None:
+        self.q_labels, self.r_labels, self.self_retrieval, self.options = q_labels, r_labels, self_retrieval, options
+        self.num_levels = q_labels.shape[1]
+        self.num_refs = r_labels.shape[0] - int(self_retrieval)
+        self.classes = ClassIndex(r_labels[:, 0])
+        self.num_pos = self.classes.class_counts(q_labels[:, 0]) - int(self_retrieval)
+        self.topk = [(s.name, s.family, s.k) for s in specs if s.kind == "topk"]
+        self.hierarchical = [(s.name, s.family, s.k) for s in specs if s.kind == "hierarchical"]
+        self.full_binary = any(s.kind == "full" for s in specs)
+        cuts = [s.k for s in specs if s.kind == "topk" and s.family != "map@r"]
+        if any(s.family == "map@r" for s in specs):
+            cuts.append(int(self.num_pos.max()))
+        self.list_len = min(max(cuts, default=0) + 1, self.num_refs)  # one beyond the deepest cut-off
+        self.may_sort = bool(self.hierarchical) or (self.full_binary and int(self.num_pos.max()) > MAX_COUNTED_POSITIVES)
+
+    def from_lists(self, values: torch.Tensor, idx: torch.Tensor, rows: slice) -> dict[str, torch.Tensor]:
+        """Top-k metrics from top-``list_len`` lists (``values`` sorted decreasingly, reference ``idx``)."""
+        ranks = list_ranks(values, complete=values.shape[1] >= self.num_refs)
+        positive = self.r_labels[:, 0][idx] == self.q_labels[rows, :1]
+        return topk_metrics(ranks, positive, self.num_pos[rows], self.topk)
+
+    def from_scores(self, scores: torch.Tensor, start: int) -> dict[str, torch.Tensor]:
+        """Every requested metric from one chunk of query rows ``(chunk, R)`` (self scored ``-inf``)."""
+        rows = slice(start, start + scores.shape[0])
+        q_fine, num_pos = self.q_labels[rows, :1], self.num_pos[rows]
+        per_query: dict[str, torch.Tensor] = {}
+        if not (self.hierarchical or (self.full_binary and int(num_pos.max()) > MAX_COUNTED_POSITIVES)):
+            if self.topk:
+                per_query |= self.from_lists(*scores.topk(self.list_len, dim=1), rows)
+            if self.full_binary:
+                own = torch.arange(rows.start, rows.stop, device=scores.device) if self.self_retrieval else None
+                idx, valid = self.classes.members(q_fine[:, 0], own)
+                per_query["map"], per_query["mrr"] = full_ap_and_mrr(scores, scores.gather(1, idx), valid)
+            return per_query
+        values, order = scores.sort(dim=1, descending=True)
+        values, order = values[:, : self.num_refs], order[:, : self.num_refs]  # self (-inf) is last
+        ranks = list_ranks(values, complete=True)
+        positive = self.r_labels[:, 0][order] == q_fine
+        if self.full_binary:
+            per_query["map"], per_query["mrr"] = full_ap_from_list(ranks, positive)
+        if self.topk:
+            per_query |= topk_metrics(ranks[:, : self.list_len], positive[:, : self.list_len], num_pos, self.topk)
+        if self.hierarchical:
+            levels = _levels(self.r_labels, order, self.q_labels[rows])
+            per_query |= hierarchical_metrics(values, levels, ranks, self.num_levels, self.hierarchical, **self.options)  # type: ignore[arg-type]
+        return per_query
+
+
+def _per_query_metrics(
+    ctx: _Context, query: torch.Tensor, ref: torch.Tensor, similarity: str, chunk_size: int | None, backend: str, progress: bool
+) -> Iterator[dict[str, torch.Tensor]]:
+    """Per-query metric values, chunk after chunk, from the cheapest exact search for the requests."""
+    gallery = None if ctx.self_retrieval else ref
+    everything = slice(0, query.shape[0])
+    if backend == "faiss":
+        yield ctx.from_lists(*faiss_topk(query, gallery, ctx.list_len, similarity=similarity, use_gpu=query.device.type == "cuda"), everything)
+    elif ctx.self_retrieval and not (ctx.full_binary or ctx.hierarchical) and query.shape[0] * ctx.list_len * 12 <= 4 * CHUNK_BUDGET_BYTES:
+        # symmetric tiles; the (N, K) candidate lists (12 bytes per entry) must fit 1 GiB
+        yield ctx.from_lists(*self_topk(query, ctx.list_len, similarity=similarity, block_size=chunk_size or SELF_BLOCK, progress=progress), everything)
+    else:
+        bytes_per_score = 96 + 8 * ctx.num_levels if ctx.may_sort else 8
+        chunk = chunk_size or default_chunk_size(ctx.num_refs, bytes_per_score)
+        for start, scores in score_chunks(query, gallery, similarity=similarity, chunk_size=chunk, progress=progress):
+            yield ctx.from_scores(scores, start)

@@ -58,6 +58,8 @@ class ModelConfig:
     layer_norm: bool = False
     embedding_dim: int | None = None
     freeze_bn: bool = True
+    # > 0: initialise the projection as the PCA of this many training descriptors (GLDv2 protocol, TPAMI §7)
+    pca_init_images: int = 0
     kwargs: dict[str, Any] = field(default_factory=dict)
 
 

@@ -196,3 +196,24 @@ def test_amp_clip_frozen_backbone_and_loss_optimizer(tmp_path, tiny_data):
 def test_bad_best_metric_is_rejected_before_training(tmp_path, tiny_data):
     with pytest.raises(ValueError, match="best_metric='ndcg' is not in eval.metrics"):
         Trainer(tiny_config(tmp_path / "run", "train.best_metric=ndcg"))
+
+
+def test_pca_initialisation_of_the_projection(tmp_path):
+    """model.pca_init_images: the projection equals the PCA (numpy SVD) of the training descriptors."""
+    cfg = load_config(None, ["train.epochs=1", "model.pca_init_images=40", "model.embedding_dim=8",
+                             "data.kwargs.images_per_class=4", "output.progress=false"])
+    trainer = Trainer(cfg, run_dir=tmp_path / "run")
+    ds = trainer.train_ds
+    picked = sorted(set(np.linspace(0, len(ds) - 1, 40).round().astype(int).tolist()))
+    images = torch.stack([ds[i]["image"] for i in picked])
+    if trainer.batch_transforms[1] is not None:
+        images = trainer.batch_transforms[1](images)
+    with torch.no_grad():
+        trainer.model.eval()
+        feats = trainer.model.descriptors(images).double().numpy()
+    centred = feats - feats.mean(0)
+    _, _, vt = np.linalg.svd(centred, full_matrices=False)
+    weight = trainer.model.projection.weight.detach().double().numpy()
+    # same subspace and same directions up to sign
+    for k in range(8):
+        assert abs(abs(float(weight[k] @ vt[k])) - 1.0) < 1e-3

@@ -36,12 +36,13 @@ from typing import Any
 import numpy as np
 import torch
 from torch import nn
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import DataLoader, Dataset, Subset
 
 from rankopt.checks import check_finite_scalar
 from rankopt.config import ExperimentConfig, apply_overrides, config_to_dict, save_config
 from rankopt.engine import checkpoint as ckpt
-from rankopt.engine.evaluation import EmbeddedSplit, autocast_context, evaluate_model
+from rankopt.engine.distributed import average_gradients
+from rankopt.engine.evaluation import EmbeddedSplit, autocast_context, embed_dataset, evaluate_model
 from rankopt.engine.logging import RunLogger, echo, format_table, progress
 from rankopt.engine.optim import build_optimizer, build_scheduler, model_param_groups
 
@@ -157,6 +158,17 @@ class _SkipBatches:
         return max(len(self.sampler) - self.skip, 0)
 
 
+class _Descriptors(nn.Module):
+    """The model's pre-projection descriptors as a module (for :func:`embed_dataset`)."""
+
+    def __init__(self, model: nn.Module):
+        super().__init__()
+        self.model = model
+
+    def forward(self, images: torch.Tensor) -> torch.Tensor:
+        return self.model.descriptors(images)
+
+
 class Trainer:
     """Trains one experiment; see the module docstring for the run folder."""
 
@@ -187,6 +199,8 @@ class Trainer:
                              f"with sampler {cfg.train.sampler!r}")
 
         self.model = build_model(cfg).to(self.device)
+        if cfg.model.pca_init_images > 0 and not cfg.train.resume:
+            self._init_projection_pca(cfg.model.pca_init_images)
         embedding_dim = int(self.model.embedding_dim)
         self.loss_fn = build_loss(cfg, num_classes=int(labels[:, 0].max()) + 1, embedding_dim=embedding_dim)
         self.loss_fn.to(self.device)
@@ -238,6 +252,27 @@ class Trainer:
                 self.load_state(ckpt.load_checkpoint(path, map_location=self.device))
                 if self.is_main:
                     echo(f"resumed from {path} (epoch {self.epoch}, step {self.global_step})")
+
+    def _init_projection_pca(self, num_images: int) -> None:
+        """PCA initialisation of the projection from the descriptors of ``num_images`` training
+        images (evenly spaced, test transform). Under DDP the ranks start from rank 0's weights
+        and share the descriptor computation, so every rank gets the same projection."""
+        from rankopt.data import build_dataset
+
+        if self.world_size > 1:
+            for tensor in self.model.state_dict().values():
+                torch.distributed.broadcast(tensor, src=0)
+
+        d = self.cfg.data
+        test_tf = None if d.batch_transform else build_transforms(self.cfg)[1]
+        dataset = build_dataset(d.name, d.root, d.train_split, transform=test_tf, **d.kwargs)
+        picked = np.linspace(0, len(dataset) - 1, min(num_images, len(dataset))).round().astype(int)
+        subset = Subset(dataset, sorted(set(picked.tolist())))
+        subset.labels, subset.paths = dataset.labels[subset.indices], [dataset.paths[i] for i in subset.indices]
+        descriptors = embed_dataset(_Descriptors(self.model), subset, device=self.device,
+                                    num_workers=d.num_workers, show_progress=self.show, desc="PCA descriptors",
+                                    batch_transform=self.batch_transforms[1])
+        self.model.init_projection_pca(descriptors.embeddings.to(self.device))
 
     # ---------------------------------------------------------------- state
     def state_dict(self) -> dict[str, Any]:
@@ -332,10 +367,7 @@ class Trainer:
     def _optimizer_step(self) -> None:
         optimizers = [self.optimizer] + ([self.loss_optimizer] if self.loss_optimizer is not None else [])
         if self.world_size > 1:  # DDP averages the model's gradients; average the loss parameters' too
-            for p in self.loss_params:
-                if p.grad is not None:
-                    torch.distributed.all_reduce(p.grad)
-                    p.grad /= self.world_size
+            average_gradients(self.loss_params)
         for opt in optimizers:
             self.scaler.unscale_(opt)
         if self.cfg.train.grad_clip is not None:

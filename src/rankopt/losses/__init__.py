@@ -10,11 +10,13 @@ from typing import Any
 
 from torch import nn
 
-from rankopt.losses import baselines, blackbox_ap, histogram_ap  # noqa: F401  (register their losses)
 from rankopt.losses.base import RankLoss, RetrievalSet, rowwise
+from rankopt.losses.baselines import PMLLoss
+from rankopt.losses.blackbox_ap import BlackBoxAPLoss
 from rankopt.losses.calibration import CalibrationLoss
 from rankopt.losses.combination import ROD
 from rankopt.losses.hap import HAPLoss
+from rankopt.losses.histogram_ap import FastAPLoss, SoftBinAPLoss
 from rankopt.losses.ndcg import SupNDCGLoss
 from rankopt.losses.proxy import ProxyDGLoss
 from rankopt.losses.recall import SmoothRecallLoss, SupRecallLoss
@@ -31,12 +33,16 @@ def build(name: str, /, **kwargs: Any) -> nn.Module:
 __all__ = [
     "LOSSES",
     "ROD",
+    "BlackBoxAPLoss",
     "CalibrationLoss",
+    "FastAPLoss",
     "HAPLoss",
+    "PMLLoss",
     "ProxyDGLoss",
     "RankLoss",
     "RetrievalSet",
     "SmoothAPLoss",
+    "SoftBinAPLoss",
     "SmoothRecallLoss",
     "SupAPLoss",
     "SupNDCGLoss",

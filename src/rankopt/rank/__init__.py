@@ -3,5 +3,16 @@ smooth surrogates of the Heaviside, and score differences. Every loss and metric
 of rankopt uses these pieces."""
 
 from rankopt.rank.relevance import level_counts, ndcg_gains, relevance
+from rankopt.rank.surrogates import Pivots, default_delta, heaviside, sigmoid_sums, sup_rank_sums, sup_step
 
-__all__ = ["level_counts", "ndcg_gains", "relevance"]
+__all__ = [
+    "Pivots",
+    "default_delta",
+    "heaviside",
+    "level_counts",
+    "ndcg_gains",
+    "relevance",
+    "sigmoid_sums",
+    "sup_rank_sums",
+    "sup_step",
+]

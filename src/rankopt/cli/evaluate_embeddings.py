@@ -1,5 +1,5 @@
 """``rankopt evaluate-embeddings --embeddings E.npy --labels L.npy [--query-embeddings Q.npy
---query-labels QL.npy] [--metrics ...] [--similarity cosine] [--json OUT.json]``."""
+--query-labels QL.npy [--query-ref-index IDX.npy]] [--metrics ...] [--similarity cosine] [--json OUT.json]``."""
 
 from __future__ import annotations
 
@@ -17,6 +17,9 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--labels", required=True, metavar="L.npy", help="gallery labels (N,) or (N, L), integers")
     parser.add_argument("--query-embeddings", metavar="Q.npy", help="separate query embeddings (Q, D)")
     parser.add_argument("--query-labels", metavar="QL.npy", help="labels of the separate queries")
+    parser.add_argument("--query-ref-index", metavar="IDX.npy",
+                        help="(Q,) integers: row of each query's own copy in the gallery, excluded from its "
+                             "results (-1: none), for galleries that contain the queries (DyML)")
     parser.add_argument("--metrics", nargs="+", metavar="METRIC",
                         help="e.g. recall@1 recall@10 map@r map h-ap asi ndcg, or 'all' (default: by label levels)")
     parser.add_argument("--similarity", choices=("cosine", "dot", "neg_l2"), default="cosine")
@@ -47,15 +50,19 @@ def run(args: argparse.Namespace) -> int:
 
     if (args.query_embeddings is None) != (args.query_labels is None):
         raise ValueError("--query-embeddings and --query-labels go together")
+    if args.query_ref_index is not None and args.query_embeddings is None:
+        raise ValueError("--query-ref-index needs --query-embeddings/--query-labels (without them each item is "
+                         "already excluded from its own results)")
     ref, ref_labels = _load(args.embeddings, "--embeddings"), _load(args.labels, "--labels")
     if args.query_embeddings is None:
         query, query_labels, ref, ref_labels = ref, ref_labels, None, None
     else:
         query, query_labels = _load(args.query_embeddings, "--query-embeddings"), _load(args.query_labels, "--query-labels")
+    own = None if args.query_ref_index is None else _load(args.query_ref_index, "--query-ref-index")
     metrics = list(ALL_METRICS) if args.metrics == ["all"] else args.metrics
     result = evaluate(query, query_labels, ref, ref_labels, metrics=metrics, similarity=args.similarity,
                       chunk_size=args.chunk_size, device=args.device, backend=args.backend,
-                      progress=not args.no_progress, **({"alpha": args.alpha} if args.alpha != 1.0 else {}))
+                      progress=not args.no_progress, query_ref_index=own, **({"alpha": args.alpha} if args.alpha != 1.0 else {}))
     width = max(len(name) for name in result.metrics)
     print(f"{result.num_queries} queries, {result.num_queries_without_positive} without a positive (excluded)")
     for name, value in result.metrics.items():

@@ -4,9 +4,12 @@ Under ``torch.distributed`` every rank embeds a contiguous shard of the dataset
 and the shards are gathered (``rankopt.engine.distributed.gather_for_evaluation``)
 so every item is scored exactly once, in dataset order, with no padding.
 One split is self-retrieval (each query excluded from its own results by index);
-two splits are ``(query, gallery)``. A query split carrying revisitop ground truth
-(``dataset.metadata["ground_truth"]``: Revisited Oxford/Paris) is scored with the
-Easy/Medium/Hard protocol of ``rankopt.metrics.landmarks`` (keys ``medium/map``, ...).
+two splits are ``(query, gallery)``; when the gallery contains the queries
+(``dataset.metadata["gallery_contains_queries"]``: DyML), each query's copy in the gallery
+(matched by path or file name, see :func:`query_ref_index`) is excluded from its results by
+index. A query split carrying revisitop ground truth (``dataset.metadata["ground_truth"]``:
+Revisited Oxford/Paris) is scored with the Easy/Medium/Hard protocol of
+``rankopt.metrics.landmarks`` (keys ``medium/map``, ...).
 """
 
 from __future__ import annotations
@@ -82,10 +85,40 @@ def embed_dataset(model: torch.nn.Module, dataset: Dataset, *, batch_size: int =
     return EmbeddedSplit(local.cpu(), labels, list(dataset.paths), metadata)  # type: ignore[attr-defined]
 
 
+def query_ref_index(query_paths: Sequence[str], gallery_paths: Sequence[str]) -> torch.Tensor:
+    """``(Q,)`` int64: for each query path, the index of its copy among ``gallery_paths``, or -1.
+
+    The copy is the gallery item with the same path, else the one with the same file name
+    (DyML stores a query as ``bmk_*/query/NAME`` and its copy as ``bmk_*/gallery/NAME``); a file
+    name shared by several gallery items (and no exact path match) is ambiguous: ``ValueError``.
+    """
+    from pathlib import PurePath
+
+    by_path: dict[str, int] = {}
+    by_name: dict[str, list[int]] = {}
+    for j, path in enumerate(gallery_paths):
+        by_path.setdefault(path, j)
+        by_name.setdefault(PurePath(path).name, []).append(j)
+    index = []
+    for path in query_paths:
+        if path in by_path:
+            index.append(by_path[path])
+            continue
+        same_name = by_name.get(PurePath(path).name, [])
+        if len(same_name) > 1:
+            shown = ", ".join(gallery_paths[j] for j in same_name[:3])
+            raise ValueError(f"query {path}: its file name matches {len(same_name)} gallery items ({shown}); "
+                             "cannot tell which is its copy")
+        index.append(same_name[0] if same_name else -1)
+    return torch.tensor(index, dtype=torch.long)
+
+
 def score(splits: Sequence[EmbeddedSplit], cfg: EvalConfig, *, device: torch.device | str | None = None,
           metrics: Sequence[str] | None = None, show_progress: bool = False) -> Any:
     """``rankopt.metrics.evaluate`` on one split (self-retrieval) or two (query, gallery);
-    the revisitop protocol (all its metrics) when the query split has landmark ground truth."""
+    the revisitop protocol (all its metrics) when the query split has landmark ground truth.
+    When the query split's metadata has ``gallery_contains_queries``, each query's copy in the
+    gallery (:func:`query_ref_index`) is excluded from its results."""
     from rankopt.metrics import EvaluationResult, evaluate
 
     if len(splits) not in (1, 2):
@@ -100,10 +133,13 @@ def score(splits: Sequence[EmbeddedSplit], cfg: EvalConfig, *, device: torch.dev
         values = revisited_map(pairwise(query.embeddings, ref.embeddings, cfg.similarity), ground_truth)
         without = int(values.get("medium/num_queries_without_positive", 0))
         return EvaluationResult({k: v for k, v in values.items() if "num_queries" not in k}, len(ground_truth), without)
+    own = None
+    if ref is not None and query.metadata.get("gallery_contains_queries"):
+        own = query_ref_index(query.paths, ref.paths)
     return evaluate(query.embeddings, query.labels,
                     None if ref is None else ref.embeddings, None if ref is None else ref.labels,
                     metrics=list(metrics or cfg.metrics), similarity=cfg.similarity,
-                    chunk_size=cfg.chunk_size, device=device, progress=show_progress)
+                    chunk_size=cfg.chunk_size, device=device, progress=show_progress, query_ref_index=own)
 
 
 def evaluate_model(model: torch.nn.Module, datasets: Mapping[str, Dataset], cfg: EvalConfig, *,

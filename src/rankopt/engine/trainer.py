@@ -483,26 +483,26 @@ class Trainer:
             "best": self.best,
         }
         if self.is_main:
-            (self.run_dir / "report.json").write_text(json.dumps(report, indent=2))
             trained = report["trained"]
             echo(format_table({"untrained": _scores(report["untrained"]), "trained": _scores(trained)},
                               f"final report ({self.cfg.data.name}, {self.epoch} epochs, "
                               f"{trained.get('num_queries', '?')} queries):"))
             if self.cfg.output.figures:
                 report["figures"] = [str(p) for p in self._figures(history)]
+                echo("figures: " + ", ".join(report["figures"]))
+            (self.run_dir / "report.json").write_text(json.dumps(report, indent=2))
+            echo(f"run folder: {self.run_dir} (config.yaml, metrics.csv, metrics.json, report.json, checkpoints/)")
         return report
 
     def _figures(self, history: list[dict[str, Any]]) -> list[Path]:
-        try:
-            from rankopt.viz import write_figures
-        except ImportError as err:
-            echo(f"figures skipped: rankopt.viz is not available ({err})")
-            return []
+        from rankopt.viz import write_figures
+
         query = self.last_splits[0]
         ref = self.last_splits[1] if len(self.last_splits) == 2 else None
-        level_names = getattr(next(iter(self.eval_ds.values())), "level_names", None)
+        first = next(iter(self.eval_ds.values()))
+        note = "SYNTHETIC data" if (self.cfg.data.eval_name or self.cfg.data.name) == "synthetic" else None
         return write_figures(
             self.run_dir / "figures", query_embeddings=query.embeddings, query_labels=query.labels,
             ref_embeddings=None if ref is None else ref.embeddings, ref_labels=None if ref is None else ref.labels,
             query_paths=query.paths, ref_paths=None if ref is None else ref.paths, history=history,
-            level_names=level_names)
+            level_names=getattr(first, "level_names", None), title_note=note)

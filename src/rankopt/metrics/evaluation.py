@@ -2,8 +2,10 @@
 
 Conventions (see the metric modules for the formulas):
 
-* The retrieval set of a query is the gallery; with ``ref_embeddings=None`` the query
-  set is the gallery and each query's own item is excluded by index.
+* The retrieval set of a query is the gallery minus the query's own item, excluded by
+  index: with ``ref_embeddings=None`` the query set is the gallery and the own item is the
+  query itself; with a separate gallery that contains the queries (DyML), ``query_ref_index``
+  gives each query's copy (``-1``: none). Retrieval-set sizes may thus differ per query.
 * Ties are pessimistic: ``rank(j) = 1 + #{k != j : s_k >= s_j}``, for every metric.
 * A query for which a metric is undefined (no positive at the finest level for binary
   metrics, no item at level >= 1 for H-AP/ΣwAP/ASI, zero ideal gain for NDCG, no positive
@@ -121,6 +123,28 @@ def _check_inputs(
     return query, q_labels, ref, r_labels
 
 
+def _check_query_ref_index(index: object, num_queries: int, num_refs: int, self_retrieval: bool) -> torch.Tensor:
+    """``query_ref_index`` as ``(Q,)`` int64, checked: shape, integer dtype, values in ``[-1, R)``."""
+    if self_retrieval:
+        raise ValueError("query_ref_index needs ref_embeddings: with ref_embeddings=None each query is already excluded from its own results")
+    if not isinstance(index, torch.Tensor):
+        raise TypeError(f"query_ref_index must be a torch.Tensor, got {type(index).__name__}")
+    if index.dtype.is_floating_point or index.dtype.is_complex or index.dtype == torch.bool:
+        raise TypeError(f"query_ref_index must be an integer tensor (int64), got {index.dtype}")
+    if tuple(index.shape) != (num_queries,):
+        raise ValueError(f"query_ref_index must have shape ({num_queries},) (one entry per query), got {tuple(index.shape)}")
+    index = index.long()
+    bad = ((index < -1) | (index >= num_refs)).nonzero().squeeze(1)
+    if bad.numel():
+        rows = ", ".join(str(i) for i in bad[:5].tolist()) + (", ..." if bad.numel() > 5 else "")
+        raise ValueError(
+            f"query_ref_index must lie in [-1, {num_refs - 1}] (-1: no copy in the gallery); {bad.numel()} entries do not, at queries {rows}"
+        )
+    if num_refs == 1 and bool((index >= 0).any()):
+        raise ValueError("the gallery has 1 item and query_ref_index excludes it: some queries would have no item to retrieve")
+    return index
+
+
 def _levels(ref_labels: torch.Tensor, order: torch.Tensor, query_labels: torch.Tensor) -> torch.Tensor:
     """Relevance levels (shared hierarchy levels) of the references listed in ``order`` (Q, K)."""
     levels = torch.zeros(order.shape, dtype=torch.int64, device=order.device)
@@ -141,6 +165,7 @@ def evaluate(
     device: str | torch.device | None = None,
     backend: str = "torch",
     progress: bool = False,
+    query_ref_index: torch.Tensor | None = None,
     **options: object,
 ) -> EvaluationResult:
     """Exact retrieval metrics (names: ``recall@K``, ``true_recall@K``, ``precision@K``, ``map@r``,
@@ -149,6 +174,13 @@ def evaluate(
     ``metrics=None``: :data:`DEFAULT_METRICS` (plus H-AP, ASI, NDCG for 2-D labels).
     ``options``: ``alpha`` (H-AP, Eq. 20), ``weights`` (ΣwAP), ``gains`` (NDCG: ``"exp"``,
     ``"linear"`` or a per-level list). ``backend="faiss"`` serves top-k metrics only.
+
+    ``query_ref_index`` (with a separate gallery that contains the queries, e.g. DyML):
+    ``(Q,)`` int64, for each query the index in ``ref_embeddings`` of its own copy, or ``-1``
+    when it has none. That item is excluded from the query's retrieval set, by index: not
+    ranked, not a positive, not counted in ``R`` or any level count, whatever its score
+    and label (a query with a copy retrieves among ``R - 1`` items, one without among ``R``).
+    ``ref_embeddings=None`` is the special case ``ref = query``, ``query_ref_index = arange(Q)``.
     """
     query, q_labels, ref, r_labels = _check_inputs(query_embeddings, query_labels, ref_embeddings, ref_labels)
     unknown = sorted(set(options) - set(OPTIONS))
@@ -174,7 +206,11 @@ def evaluate(
     ref, r_labels = (query, q_labels) if self_retrieval else (ref.to(dev, dtype), r_labels.to(dev))
     if chunk_size is not None and chunk_size < 1:
         raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
-    ctx = _Context(specs, q_labels, r_labels, self_retrieval, options)
+    if query_ref_index is not None:
+        own = _check_query_ref_index(query_ref_index, query.shape[0], ref.shape[0], self_retrieval).to(dev)
+    else:
+        own = torch.arange(query.shape[0], device=dev) if self_retrieval else None
+    ctx = _Context(specs, q_labels, r_labels, own, self_retrieval, options)
 
     sums: dict[str, float] = {s.name: 0.0 for s in specs}
     counts: dict[str, int] = {s.name: 0 for s in specs}
@@ -197,12 +233,26 @@ def evaluate(
 class _Context:
     """What the per-chunk computations need: labels, positives' counts, the metric requests."""
 
-    def __init__(self, specs: list[MetricSpec], q_labels: torch.Tensor, r_labels: torch.Tensor, self_retrieval: bool, options: dict[str, object]) -> None:
+    def __init__(
+        self,
+        specs: list[MetricSpec],
+        q_labels: torch.Tensor,
+        r_labels: torch.Tensor,
+        own: torch.Tensor | None,
+        self_retrieval: bool,
+        options: dict[str, object],
+    ) -> None:
         self.q_labels, self.r_labels, self.self_retrieval, self.options = q_labels, r_labels, self_retrieval, options
+        self.own = own  # (Q,) reference excluded from each query's retrieval set (-1: none), or None
         self.num_levels = q_labels.shape[1]
-        self.num_refs = r_labels.shape[0] - int(self_retrieval)
         self.classes = ClassIndex(r_labels[:, 0])
-        self.num_pos = self.classes.class_counts(q_labels[:, 0]) - int(self_retrieval)
+        self.num_pos = self.classes.class_counts(q_labels[:, 0])
+        self.sizes = torch.full_like(self.num_pos, r_labels.shape[0])  # retrieval-set size of each query
+        if own is not None:
+            has_own = own >= 0
+            self.sizes -= has_own.long()
+            self.num_pos -= (has_own & (r_labels[own.clamp(min=0), 0] == q_labels[:, 0])).long()
+        self.num_refs = int(self.sizes.max())  # the largest retrieval set
         self.topk = [(s.name, s.family, s.k) for s in specs if s.kind == "topk"]
         self.hierarchical = [(s.name, s.family, s.k) for s in specs if s.kind == "hierarchical"]
         self.full_binary = any(s.kind == "full" for s in specs)
@@ -212,14 +262,23 @@ class _Context:
         self.list_len = min(max(cuts, default=0) + 1, self.num_refs)  # one beyond the deepest cut-off
         self.may_sort = bool(self.hierarchical) or (self.full_binary and int(self.num_pos.max()) > MAX_COUNTED_POSITIVES)
 
-    def from_lists(self, values: torch.Tensor, idx: torch.Tensor, rows: slice) -> dict[str, torch.Tensor]:
-        """Top-k metrics from top-``list_len`` lists (``values`` sorted decreasingly, reference ``idx``)."""
-        ranks = list_ranks(values, complete=values.shape[1] >= self.num_refs)
+    def from_lists(self, values: torch.Tensor, idx: torch.Tensor, rows: slice | torch.Tensor) -> dict[str, torch.Tensor]:
+        """Top-k metrics from top-``K`` lists (``values`` sorted decreasingly, reference ``idx``).
+
+        A query's excluded reference is in its list only at ``-inf``, hence last, when the list
+        holds the whole retrieval set: it is then no positive, and the ranks before it are exact.
+        Lists shorter than the largest retrieval set (``num_refs``) are one beyond the deepest
+        cut-off, so items tied with their last one rank beyond every cut-off (``BEYOND``) even
+        when the list happens to hold a smaller retrieval set whole: no metric changes.
+        """
         positive = self.r_labels[:, 0][idx] == self.q_labels[rows, :1]
+        if self.own is not None:
+            positive &= idx != self.own[rows].unsqueeze(1)
+        ranks = list_ranks(values, complete=values.shape[1] >= self.num_refs)
         return topk_metrics(ranks, positive, self.num_pos[rows], self.topk)
 
     def from_scores(self, scores: torch.Tensor, start: int) -> dict[str, torch.Tensor]:
-        """Every requested metric from one chunk of query rows ``(chunk, R)`` (self scored ``-inf``)."""
+        """Every requested metric from one chunk of query rows ``(chunk, R)`` (excluded items scored ``-inf``)."""
         rows = slice(start, start + scores.shape[0])
         q_fine, num_pos = self.q_labels[rows, :1], self.num_pos[rows]
         per_query: dict[str, torch.Tensor] = {}
@@ -227,12 +286,25 @@ class _Context:
             if self.topk:
                 per_query |= self.from_lists(*scores.topk(self.list_len, dim=1), rows)
             if self.full_binary:
-                own = torch.arange(rows.start, rows.stop, device=scores.device) if self.self_retrieval else None
-                idx, valid = self.classes.members(q_fine[:, 0], own)
+                idx, valid = self.classes.members(q_fine[:, 0], None if self.own is None else self.own[rows])
                 per_query["map"], per_query["mrr"] = full_ap_and_mrr(scores, scores.gather(1, idx), valid)
             return per_query
-        values, order = scores.sort(dim=1, descending=True)
-        values, order = values[:, : self.num_refs], order[:, : self.num_refs]  # self (-inf) is last
+        values, order = scores.sort(dim=1, descending=True)  # excluded items (-inf) are last
+        sizes = self.sizes[rows]
+        groups = sizes.unique().tolist()
+        if len(groups) == 1:  # one retrieval-set size: the whole chunk at once
+            return self.from_ranked(values[:, : groups[0]], order[:, : groups[0]], rows)
+        for size in groups:  # queries with and without an excluded item, each group on its own
+            sel = (sizes == size).nonzero().squeeze(1)
+            for name, part in self.from_ranked(values[sel, :size], order[sel, :size], sel + start).items():
+                per_query.setdefault(name, torch.full(sizes.shape, torch.nan, dtype=part.dtype, device=part.device))
+                per_query[name][sel] = part
+        return per_query
+
+    def from_ranked(self, values: torch.Tensor, order: torch.Tensor, rows: slice | torch.Tensor) -> dict[str, torch.Tensor]:
+        """Every requested metric from whole ranked retrieval sets (``values`` sorted decreasingly, references ``order``)."""
+        q_fine, num_pos = self.q_labels[rows, :1], self.num_pos[rows]
+        per_query: dict[str, torch.Tensor] = {}
         ranks = list_ranks(values, complete=True)
         positive = self.r_labels[:, 0][order] == q_fine
         if self.full_binary:
@@ -252,12 +324,13 @@ def _per_query_metrics(
     gallery = None if ctx.self_retrieval else ref
     everything = slice(0, query.shape[0])
     if backend == "faiss":
-        yield ctx.from_lists(*faiss_topk(query, gallery, ctx.list_len, similarity=similarity, use_gpu=query.device.type == "cuda"), everything)
+        lists = faiss_topk(query, gallery, ctx.list_len, similarity=similarity, use_gpu=query.device.type == "cuda", exclude=ctx.own)
+        yield ctx.from_lists(*lists, everything)
     elif ctx.self_retrieval and not (ctx.full_binary or ctx.hierarchical) and query.shape[0] * ctx.list_len * 12 <= 4 * CHUNK_BUDGET_BYTES:
         # symmetric tiles; the (N, K) candidate lists (12 bytes per entry) must fit 1 GiB
         yield ctx.from_lists(*self_topk(query, ctx.list_len, similarity=similarity, block_size=chunk_size or SELF_BLOCK, progress=progress), everything)
     else:
         bytes_per_score = 96 + 8 * ctx.num_levels if ctx.may_sort else 8
-        chunk = chunk_size or default_chunk_size(ctx.num_refs, bytes_per_score)
-        for start, scores in score_chunks(query, gallery, similarity=similarity, chunk_size=chunk, progress=progress):
+        chunk = chunk_size or default_chunk_size(ref.shape[0], bytes_per_score)
+        for start, scores in score_chunks(query, gallery, similarity=similarity, chunk_size=chunk, progress=progress, exclude=ctx.own):
             yield ctx.from_scores(scores, start)

@@ -95,7 +95,8 @@ class ClassIndex:
     def members(self, query_fine: torch.Tensor, query_index: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
         """``(idx, valid)``, both ``(Q, P)``: the positives' reference indices of each query.
 
-        ``query_index`` (self-retrieval) marks the query's own reference as not valid.
+        ``query_index``: ``(Q,)``, each query's own reference (self-retrieval, or its copy in the
+        gallery; ``-1``: none), marked as not valid.
         """
         pos = torch.searchsorted(self.classes, query_fine.contiguous()).clamp(max=self.classes.numel() - 1)
         count = self.class_counts(query_fine)

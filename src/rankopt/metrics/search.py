@@ -1,9 +1,10 @@
 """Exact similarity search in query chunks (torch, CPU or CUDA) and an optional faiss backend.
 
 The full ``Q x R`` score matrix is never materialised: queries are processed in
-chunks whose ``chunk x R`` block fits a memory budget. When the query set is the
-gallery, each query's own item is excluded **by index** (its score is set to
-``-inf`` in the chunk), never by dropping the first neighbour.
+chunks whose ``chunk x R`` block fits a memory budget. A query's own item (the query
+itself when the query set is the gallery, or its copy in a gallery that contains the
+queries) is excluded **by index** (its score is set to ``-inf`` in the chunk), never
+by dropping the first neighbour.
 """
 
 from __future__ import annotations
@@ -31,19 +32,25 @@ def score_chunks(
     similarity: str = "cosine",
     chunk_size: int,
     progress: bool = False,
+    exclude: torch.Tensor | None = None,
 ) -> Iterator[tuple[int, torch.Tensor]]:
     """Yield ``(start, scores)`` for consecutive query chunks; ``scores`` is ``(chunk, R)``.
 
-    ``ref=None`` means the query set is the gallery: the score of query ``start + i``
-    with itself (reference ``start + i``) is ``-inf``, so it sorts after every real item.
+    ``exclude``: ``(Q,)`` int64, the reference excluded from each query's results (``-1``:
+    none); its score is ``-inf``, so it sorts after every real item. ``ref=None`` means the
+    query set is the gallery, and ``exclude`` defaults to each query itself (``arange(Q)``).
     """
     q = prepare(query, similarity)
     r = q if ref is None else prepare(ref, similarity)
+    if exclude is None and ref is None:
+        exclude = torch.arange(q.shape[0], device=q.device)
     starts = range(0, q.shape[0], chunk_size)
     for start in tqdm(starts, disable=not progress, desc="evaluating", unit="chunk", leave=False):
         scores = pairwise(q[start : start + chunk_size], r, similarity, prepared=True)
-        if ref is None:
-            scores.diagonal(offset=start).fill_(float("-inf"))
+        if exclude is not None:
+            own = exclude[start : start + chunk_size].to(scores.device)
+            rows = (own >= 0).nonzero().squeeze(1)
+            scores[rows, own[rows]] = float("-inf")
         yield start, scores
 
 
@@ -94,11 +101,15 @@ def faiss_topk(
     *,
     similarity: str = "cosine",
     use_gpu: bool = False,
+    exclude: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Exact top-``k`` ``(scores, indices)`` with a faiss flat index, rows sorted by decreasing score.
 
-    ``ref=None``: self-retrieval; ``k + 1`` neighbours are fetched and the query's own
-    index is removed (or the last neighbour when the query is not among them).
+    ``exclude``: ``(Q,)`` int64, the reference excluded from each query's results (``-1``:
+    none); ``ref=None``: self-retrieval, each query excluded (``exclude = arange(Q)``). With
+    an exclusion, ``k + 1`` neighbours are fetched, the excluded one is scored ``-inf`` and
+    ``min(k, R - 1)`` columns are kept when every query has one, else ``min(k, R)``; a kept
+    excluded neighbour (only when all ``R`` are fetched) is then last in its row, at ``-inf``.
     ``use_gpu`` (with a GPU build of faiss): faiss supports ``k <= 2048`` there; larger ``k``
     is refused with a clear error (the exact chunked torch search has no such limit).
     """
@@ -108,7 +119,9 @@ def faiss_topk(
         raise ImportError("backend='faiss' needs faiss: pip install faiss-cpu (or faiss-gpu)") from err
     q = prepare(query, similarity).detach().float().cpu().contiguous()
     r = q if ref is None else prepare(ref, similarity).detach().float().cpu().contiguous()
-    fetch = min(k + (ref is None), r.shape[0])
+    if exclude is None and ref is None:
+        exclude = torch.arange(q.shape[0])
+    fetch = min(k + (exclude is not None), r.shape[0])
     index = faiss.IndexFlatL2(r.shape[1]) if similarity == "neg_l2" else faiss.IndexFlatIP(r.shape[1])
     if use_gpu and hasattr(faiss, "index_cpu_to_all_gpus"):  # a GPU build of faiss
         if fetch > FAISS_GPU_MAX_K:
@@ -122,9 +135,9 @@ def faiss_topk(
     scores = torch.from_numpy(dist)
     scores = -scores.clamp(min=0).sqrt() if similarity == "neg_l2" else scores
     indices = torch.from_numpy(idx).long()
-    if ref is None:
-        own = indices == torch.arange(q.shape[0]).unsqueeze(1)
-        scores = scores.masked_fill(own, float("-inf"))
-        scores, order = scores.topk(fetch - 1, dim=1)
+    if exclude is not None:
+        exclude = exclude.cpu()
+        scores = scores.masked_fill(indices == exclude.unsqueeze(1), float("-inf"))
+        scores, order = scores.topk(min(k, r.shape[0] - int(bool((exclude >= 0).all()))), dim=1)
         indices = indices.gather(1, order)
     return scores.to(query.device), indices.to(query.device)

@@ -18,6 +18,7 @@ from matplotlib.figure import Figure
 
 from rankopt import checks, similarity as sim
 from rankopt.labels import relevance_levels
+from rankopt.metrics import search
 
 DPI = 100
 """Every PNG is written at this resolution, so its size in pixels is ``figsize * DPI``."""
@@ -83,31 +84,23 @@ def retrieval_inputs(
     return RetrievalInputs(q, ql.cpu(), r, rl.cpu(), same_set, similarity)
 
 
-def self_exclusion(query_indices: torch.Tensor, num_refs: int) -> torch.Tensor:
-    """``(Q, R)`` bool, True where reference ``j`` is query ``query_indices[i]`` itself.
-
-    :func:`rankopt.labels.self_mask` for an arbitrary (non-contiguous) set of query rows.
-    """
-    return torch.arange(num_refs)[None, :] == query_indices[:, None]
-
-
 def score_chunks(data: RetrievalInputs, query_indices: torch.Tensor) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
     """Yield ``(scores, levels)`` for consecutive blocks of the selected queries.
 
-    ``scores`` is ``(q, R)`` float32 with ``-inf`` at the query itself (same-set case),
-    ``levels`` the shared hierarchy levels (``0`` at the query itself). Never more than
+    The exact chunked search of :func:`rankopt.metrics.search.score_chunks`: ``scores`` is
+    ``(q, R)`` with ``-inf`` at the query itself (same-set case, excluded by index), ``levels``
+    the shared hierarchy levels (``0`` at the query itself). Never more than
     ``_CHUNK_ELEMENTS`` scores are materialised at once.
     """
     num_refs = data.ref.shape[0]
-    step = max(1, _CHUNK_ELEMENTS // num_refs)
-    for start in range(0, query_indices.numel(), step):
-        rows = query_indices[start : start + step]
-        scores = sim.pairwise(data.query[rows], data.ref, data.similarity, prepared=True)
+    exclude = query_indices if data.same_set else None
+    chunks = search.score_chunks(data.query[query_indices], data.ref, similarity=data.similarity,
+                                 chunk_size=max(1, _CHUNK_ELEMENTS // num_refs), exclude=exclude)
+    for start, scores in chunks:
+        rows = query_indices[start : start + scores.shape[0]]
         levels = relevance_levels(data.query_labels[rows], data.ref_labels)
         if data.same_set:
-            own = self_exclusion(rows, num_refs)
-            scores = scores.masked_fill(own, float("-inf"))
-            levels = levels.masked_fill(own, 0)
+            levels[torch.arange(rows.numel()), rows] = 0
         yield scores, levels
 
 

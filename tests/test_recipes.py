@@ -58,7 +58,7 @@ def test_recipe_builds(name):
     sampler = build_sampler(cfg, labels)
     batch = next(iter(sampler))
     assert len(batch) <= cfg.train.batch_size
-    loss = build_loss(cfg, num_classes=int(labels[:, 0].max()) + 1, embedding_dim=model.embedding_dim)
+    loss = build_loss(cfg, class_counts=(labels.max(axis=0) + 1).tolist(), embedding_dim=model.embedding_dim)
     emb = torch.nn.functional.normalize(torch.randn(len(batch), model.embedding_dim, generator=torch.Generator().manual_seed(0)), dim=1)
     value = loss(emb.requires_grad_(), torch.from_numpy(labels[batch]))
     assert torch.isfinite(value)

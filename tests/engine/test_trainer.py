@@ -217,3 +217,28 @@ def test_pca_initialisation_of_the_projection(tmp_path):
     # same subspace and same directions up to sign
     for k in range(8):
         assert abs(abs(float(weight[k] @ vt[k])) - 1.0) < 1e-3
+
+
+@pytest.mark.parametrize("name", __import__("rankopt.losses", fromlist=["LOSSES"]).LOSSES.names())
+def test_every_registered_loss_builds_from_a_config_and_trains(name):
+    """build_loss fills the data arguments of proxy losses (finest count, or one count per level
+    for the Σ losses) and the loss gives a finite value and a gradient on 3-level labels."""
+    from rankopt import losses
+    from rankopt.engine.trainer import build_loss
+
+    cfg = load_config(None, [f"loss.name={name}"])
+    fine = torch.arange(12).repeat_interleave(4)
+    labels = torch.stack([fine, fine // 3, fine // 6], dim=1)
+    counts = (labels.max(dim=0).values + 1).tolist()
+    loss_fn = build_loss(cfg, class_counts=counts, embedding_dim=16)
+    args = losses.data_arguments(name)
+    if args.get("num_classes") == "classes_per_level":
+        assert sum(p.numel() for p in loss_fn.parameters()) == sum(counts) * 16  # a proxy per class of every level
+    elif "num_classes" in args:
+        assert sum(p.numel() for p in loss_fn.parameters()) == counts[0] * 16
+    else:
+        assert not list(loss_fn.parameters())
+    emb = torch.nn.functional.normalize(torch.randn(48, 16), dim=1).requires_grad_()
+    value = loss_fn(emb, labels)
+    value.backward()
+    assert torch.isfinite(value) and emb.grad is not None and torch.isfinite(emb.grad).all()

@@ -87,22 +87,19 @@ def model_from_checkpoint(path: str | Path, device: torch.device | str = "cpu") 
     return model.to(device).eval(), cfg
 
 
-def build_loss(cfg: ExperimentConfig, *, num_classes: int, embedding_dim: int) -> nn.Module:
+def build_loss(cfg: ExperimentConfig, *, class_counts: list[int], embedding_dim: int) -> nn.Module:
     """``rankopt.losses.build(cfg.loss.name, **cfg.loss.kwargs)``.
 
-    Losses with proxies (``proxy_dg``, ``rod_*``, ``happier``, ...) need ``num_classes``
-    and ``embedding_dim``: they are filled in from the data and the model unless given.
+    Losses with proxies (``proxy_dg``, ``rod_*``, ``happier``, ``normalized_softmax``, ``sum_nsm``, ...)
+    get their data arguments (``rankopt.losses.data_arguments``) from the data and the model unless given:
+    ``class_counts`` holds the number of classes of each label column (finest first).
     """
     from rankopt import losses
 
+    sources = {"classes": class_counts[0], "classes_per_level": list(class_counts), "embedding_dim": embedding_dim}
     kwargs = dict(cfg.loss.kwargs)
-    try:
-        return losses.build(cfg.loss.name, **kwargs)
-    except TypeError as err:
-        if "num_classes" not in str(err) and "embedding_dim" not in str(err):
-            raise
-    kwargs.setdefault("num_classes", num_classes)
-    kwargs.setdefault("embedding_dim", embedding_dim)
+    for arg, source in losses.data_arguments(cfg.loss.name).items():
+        kwargs.setdefault(arg, sources[source])
     return losses.build(cfg.loss.name, **kwargs)
 
 
@@ -202,7 +199,7 @@ class Trainer:
         if cfg.model.pca_init_images > 0 and not cfg.train.resume:
             self._init_projection_pca(cfg.model.pca_init_images)
         embedding_dim = int(self.model.embedding_dim)
-        self.loss_fn = build_loss(cfg, num_classes=int(labels[:, 0].max()) + 1, embedding_dim=embedding_dim)
+        self.loss_fn = build_loss(cfg, class_counts=(labels.max(axis=0) + 1).tolist(), embedding_dim=embedding_dim)
         self.loss_fn.to(self.device)
         self.train_model: nn.Module = self.model
         self.train_loss: nn.Module = self.loss_fn

@@ -6,6 +6,7 @@
 
 from __future__ import annotations
 
+import inspect
 from typing import Any
 
 from torch import nn
@@ -30,6 +31,21 @@ def build(name: str, /, **kwargs: Any) -> nn.Module:
     return LOSSES.build(name, **kwargs)
 
 
+def data_arguments(name: str) -> dict[str, str]:
+    """The constructor arguments of loss ``name`` that come from the data and the model (proxy losses),
+    each mapped to its source: ``"classes"`` (number of finest-level classes), ``"classes_per_level"``
+    (one count per label column, for the Σ-over-levels losses) or ``"embedding_dim"``.
+
+    A factory may declare them as a ``data_arguments`` attribute; otherwise they are read from its signature.
+    """
+    factory = LOSSES.get(name)
+    declared = getattr(factory, "data_arguments", None)
+    if declared is not None:
+        return dict(declared)
+    params = inspect.signature(factory).parameters
+    return {arg: source for arg, source in (("num_classes", "classes"), ("embedding_dim", "embedding_dim")) if arg in params}
+
+
 __all__ = [
     "LOSSES",
     "ROD",
@@ -49,5 +65,6 @@ __all__ = [
     "SupRankLoss",
     "SupRecallLoss",
     "build",
+    "data_arguments",
     "rowwise",
 ]

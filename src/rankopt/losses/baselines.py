@@ -162,10 +162,16 @@ def normalized_softmax(num_classes: int, embedding_dim: int, temperature: float 
     return _proxy_losses(pml_losses.NormalizedSoftmaxLoss, [num_classes], embedding_dim, False, None, temperature=temperature)
 
 
+_PER_LEVEL_PROXIES = {"num_classes": "classes_per_level", "embedding_dim": "embedding_dim"}
+
+
 @LOSSES.register("sum_nsm")
 def sum_nsm(num_classes: Sequence[int], embedding_dim: int, temperature: float = 0.05, weights: Sequence[float] | None = None) -> PMLLoss:
     """ΣNSM (TPAMI Table V): one NSM per label level (``num_classes[l]`` proxies), summed."""
     return _proxy_losses(pml_losses.NormalizedSoftmaxLoss, num_classes, embedding_dim, True, weights, temperature=temperature)
+
+
+sum_nsm.data_arguments = _PER_LEVEL_PROXIES  # type: ignore[attr-defined]
 
 
 @LOSSES.register("proxy_nca")
@@ -184,3 +190,6 @@ def proxy_nca_pp(num_classes: int, embedding_dim: int, temperature: float = 1 / 
 def sum_proxy_nca_pp(num_classes: Sequence[int], embedding_dim: int, temperature: float = 1 / 9, weights: Sequence[float] | None = None) -> PMLLoss:
     """ΣNCA++ (TPAMI Table V): one ProxyNCA++ per label level, summed."""
     return _proxy_losses(pml_losses.ProxyNCALoss, num_classes, embedding_dim, True, weights, softmax_scale=1.0 / temperature)
+
+
+sum_proxy_nca_pp.data_arguments = _PER_LEVEL_PROXIES  # type: ignore[attr-defined]

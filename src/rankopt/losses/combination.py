@@ -74,6 +74,9 @@ def _rod_builder(name: str, rank_cls: type, dg_cls: type, default_lam: float, do
 
     build.__name__ = f"build_{name}"
     build.__doc__ = doc
+    dg_params = inspect.signature(dg_cls).parameters
+    build.data_arguments = {arg: source for arg, source in (("num_classes", "classes"), ("embedding_dim", "embedding_dim"))  # type: ignore[attr-defined]
+                            if arg in dg_params}
     LOSSES.register(name)(build)
 
 

@@ -43,6 +43,12 @@ class DataConfig:
     image_size: int | None = None
     batch_transform: bool = False  # transform whole batches on the device (same-size images, e.g. synthetic)
     num_workers: int = 0
+    # > 0: hold out this fraction of the training split's classes at label column validation_level
+    # (-1: coarsest, e.g. Omniglot alphabets) as a class-disjoint "validation" split, evaluated INSTEAD of
+    # the evaluation splits: hyper-parameters are tuned there, never on the test classes.
+    validation_fraction: float = 0.0
+    validation_level: int = -1
+    validation_seed: int = 0
     kwargs: dict[str, Any] = field(default_factory=dict)
 
 
@@ -148,6 +154,10 @@ class TrainConfig:
     device: str = "auto"
     resume: str | None = None  # path or "auto"
     checkpoint_every_steps: int | None = None
+    # per-step measurements logged as diag/<key> columns of steps.csv (rankopt.engine.diagnostics.DIAGNOSTICS),
+    # every diagnostics_every steps, e.g. [surrogate_ap] for |surrogate AP - true AP| (Smooth-AP Fig. 4)
+    diagnostics: list[str] = field(default_factory=list)
+    diagnostics_every: int = 10
 
 
 @dataclass
@@ -163,6 +173,7 @@ class OutputConfig:
     dir: str | None = None  # None: runs/<name>-<UTC time>
     tensorboard: bool = True
     figures: bool = True
+    map_points: int = 5000  # points of the t-SNE embedding map (its cost grows quickly with them)
     progress: bool = True
 
 
@@ -193,7 +204,7 @@ _CHOICES: dict[str, tuple[str, ...]] = {
     "model.pooling": ("avg", "max", "gem"),
     "eval.similarity": ("cosine", "dot", "neg_l2"),
 }
-_POSITIVE = ("train.epochs", "train.batch_size", "train.m", "train.eval_every", "eval.batch_size")
+_POSITIVE = ("train.epochs", "train.batch_size", "train.m", "train.eval_every", "eval.batch_size", "train.diagnostics_every")
 
 
 def list_recipes() -> list[str]:
@@ -263,6 +274,8 @@ def _validate(conf: DictConfig) -> None:
     for key in _POSITIVE:
         if OmegaConf.select(conf, key) < 1:
             raise ValueError(f"{key!r} must be >= 1, got {OmegaConf.select(conf, key)}")
+    if not 0.0 <= conf.data.validation_fraction < 1.0:
+        raise ValueError(f"'data.validation_fraction' must be in [0, 1), got {conf.data.validation_fraction}")
     sub = conf.train.sub_batch_size
     if sub is not None and sub < 1:
         raise ValueError(f"'train.sub_batch_size' must be >= 1 or null, got {sub}")

@@ -242,3 +242,74 @@ def test_every_registered_loss_builds_from_a_config_and_trains(name):
     value = loss_fn(emb, labels)
     value.backward()
     assert torch.isfinite(value) and emb.grad is not None and torch.isfinite(emb.grad).all()
+
+
+def test_step_log_terms_retrieval_and_run_info(tmp_path, tiny_data):
+    """steps.csv has one row per step with every loss term, the learning rates and the score-difference
+    quantiles; retrieval.npz holds the exact top-k (no pickle); run.json says how the run was asked for."""
+    import csv
+    import json
+
+    run = tmp_path / "run"
+    trainer = Trainer(tiny_config(run, "loss.name=roadmap", "train.memory.enabled=true"),
+                      run_info={"recipe": "default", "overrides": ["loss.name=roadmap"], "command": "rankopt train"})
+    trainer.fit()
+    rows = list(csv.DictReader(open(run / "steps.csv")))
+    assert [int(r["step"]) for r in rows] == list(range(1, 9))
+    seconds = [float(r["seconds"]) for r in rows]
+    assert all(b > a for a, b in zip(seconds, seconds[1:]))
+    for column in ("term/batch", "term/batch/sup_ap", "term/batch/calibration", "term/memory",
+                   "term/memory/sup_ap", "lr/backbone", "diff/q01", "diff/q99"):
+        assert column in rows[0], column
+    for r in rows:  # the logged loss is the batch term plus the memory term (weight 1)
+        total = float(r["term/batch"]) + (float(r["term/memory"]) if r["term/memory"] else 0.0)
+        assert float(r["loss"]) == pytest.approx(total, rel=1e-5)
+        batch = 0.5 * float(r["term/batch/sup_ap"]) + 0.5 * float(r["term/batch/calibration"])
+        assert float(r["term/batch"]) == pytest.approx(batch, rel=1e-5)  # ROADMAP Eq. 2, lambda = 0.5
+        assert float(r["diff/min"]) <= float(r["diff/q50"]) <= float(r["diff/max"])
+    info = json.loads((run / "run.json").read_text())
+    assert info["recipe"] == "default" and info["overrides"] == ["loss.name=roadmap"] and "machine" in info
+    report = json.loads((run / "report.json").read_text())
+    assert report["kind"] == "train" and report["images_per_second"] > 0
+    assert report["data"]["train"] == {"images": 96, "classes": {"synthetic_fine": 16, "synthetic_coarse": 8}}
+    assert report["loss"]["name"] == "roadmap" and report["model"]["parameters"] > 0
+
+    saved = np.load(run / "retrieval.npz", allow_pickle=False)
+    split = trainer.last_splits[0]
+    scores = split.embeddings @ split.embeddings.T
+    scores.fill_diagonal_(-math.inf)
+    expected = torch.sort(scores, dim=1, descending=True, stable=True).indices[:, : saved["neighbours"].shape[1]]
+    assert np.array_equal(saved["neighbours"], expected.numpy())
+    assert bool(saved["self_retrieval"]) and list(saved["query_paths"]) == split.paths
+    assert np.array_equal(saved["query_labels"], split.labels.numpy())
+
+
+def test_resumed_step_log_equals_the_uninterrupted_one(tmp_path, tiny_data, monkeypatch):
+    import csv
+
+    extra = ("train.checkpoint_every_steps=3",)
+    Trainer(tiny_config(tmp_path / "a", *extra)).fit()
+    with monkeypatch.context() as patch:
+        _interrupt_after_saving(patch, 3)
+        with pytest.raises(Interrupt):
+            Trainer(tiny_config(tmp_path / "b", *extra)).fit()
+    Trainer(tiny_config(tmp_path / "b", *extra, "train.resume=auto")).fit()
+    drop_time = lambda rows: [{k: v for k, v in r.items() if k != "seconds"} for r in rows]  # noqa: E731
+    a, b = (drop_time(csv.DictReader(open(tmp_path / run / "steps.csv"))) for run in ("a", "b"))
+    assert a == b and len(a) == 8
+
+
+def test_validation_split_replaces_the_evaluation_splits(omniglot):
+    """data.validation_fraction carves held-out alphabets from the training split: class-disjoint from
+    the training part, and the test alphabets are not evaluated."""
+    from rankopt.engine.trainer import build_datasets
+
+    cfg = load_config("omniglot", [f"data.root={omniglot}", "data.validation_fraction=0.2"])
+    train, evals = build_datasets(cfg)
+    assert list(evals) == ["validation"]
+    val = evals["validation"]
+    alphabet = lambda ds: {p.split("/")[-3] for p in ds.paths}  # noqa: E731
+    assert not alphabet(train) & alphabet(val)
+    assert len(alphabet(val)) == 6 and len(alphabet(train)) == 24
+    assert len(train) + len(val) == 19280
+    assert all("images_background" in p for p in val.paths)

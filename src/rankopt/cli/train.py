@@ -64,7 +64,14 @@ def run(args: argparse.Namespace) -> int:
 
         print(OmegaConf.to_yaml(OmegaConf.structured(cfg)))
         return 0
+    import sys
+
     from rankopt.engine.trainer import Trainer
 
-    Trainer(cfg).fit()
+    recipe, overrides = args.recipe, list(args.overrides)
+    if recipe is not None and "=" in recipe:
+        recipe, overrides = None, [recipe, *overrides]
+    info = {"recipe": recipe or ("(checkpoint)" if args.resume and args.resume != "auto" else "default"),
+            "overrides": overrides, "command": "rankopt " + " ".join(sys.argv[1:])}
+    Trainer(cfg, run_info=info).fit()
     return 0

@@ -35,9 +35,12 @@ def _members(root: Path, folder: str) -> tuple[list[tuple[str, str]], str]:
     return [(f"{archive}/{n}", n) for n in names], str(archive)
 
 
-def load_omniglot(root: Path, split: str, train_set: str = "background") -> Items:
+def load_omniglot(root: Path, split: str, train_set: str = "background", alphabets: int | None = None) -> Items:
+    """``alphabets``: keep only the first ``alphabets`` alphabets (sorted by name) of the split (quick runs)."""
     if train_set not in TRAIN_SETS:
         raise ValueError(f"omniglot train_set must be one of {TRAIN_SETS}, got {train_set!r}")
+    if alphabets is not None and alphabets < 1:
+        raise ValueError(f"omniglot alphabets must be >= 1, got {alphabets}")
     folder = f"images_{train_set}" if split == "train" else "images_evaluation"
     members, container = _members(root, folder)
     rows = []
@@ -47,6 +50,9 @@ def load_omniglot(root: Path, split: str, train_set: str = "background") -> Item
             raise label_file_error(container, i, f"unexpected entry {member!r} (want {folder}/<alphabet>/<character>/<file>.png)")
         _, alphabet, character, _ = parts
         rows.append((path, (f"{alphabet}/{character}", alphabet), split, f"{container}:{member}"))
+    if alphabets is not None:
+        kept = set(sorted({r[1][1] for r in rows})[:alphabets])
+        rows = [r for r in rows if r[1][1] in kept]
     return Items.from_rows(rows, LEVEL_NAMES)
 
 

@@ -11,6 +11,8 @@ preset              ops (then ImageNet mean/std normalisation)
 ``landmark_test``   resize to 224 x 224 (multi-scale evaluation rescales this by 1, 1/sqrt 2, 1/2)
 ``synthetic_train`` RandomResizedCrop 48 of the 56 px synthetic images, scale (0.5, 1), h-flip
 ``synthetic_test``  resize 56, center crop 48
+``omniglot_train``  area-resize to 32 x 32, random affine (rotation ±10°, shift ±8 %, scale 0.9-1.1, white fill), no flip
+``omniglot_test``   area-resize to 32 x 32
 ==================  ==========================================================================
 
 ``image_size`` replaces the output size; the resize step keeps its ratio to the crop
@@ -40,6 +42,9 @@ class Preset:
     square: bool = False
     scale: tuple[float, float] = (0.16, 1.0)
     ratio: tuple[float, float] = (3 / 4, 4 / 3)
+    affine: bool = False  # small random rotation/shift/scale instead of a random crop (handwriting)
+    flip: bool = True  # random horizontal flip when training (not for characters)
+    area: bool = False  # square resize by area averaging (fast, alias-free downscaling of thin strokes)
 
 
 PRESETS: dict[str, Preset] = {
@@ -51,7 +56,20 @@ PRESETS: dict[str, Preset] = {
     "landmark_test": Preset(224, 224, False, square=True),
     "synthetic_train": Preset(56, 48, True, scale=(0.5, 1.0)),
     "synthetic_test": Preset(56, 48, False),
+    "omniglot_train": Preset(32, 32, True, square=True, affine=True, flip=False, area=True),
+    "omniglot_test": Preset(32, 32, False, square=True, area=True),
 }
+
+
+class AreaResize(torch.nn.Module):
+    """Resize ``(B, C, H, W)`` to ``size`` by area averaging (``F.interpolate(mode="area")``)."""
+
+    def __init__(self, size: tuple[int, int]) -> None:
+        super().__init__()
+        self.size = size
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.nn.functional.interpolate(x, self.size, mode="area")
 
 
 class ImageTransform:
@@ -89,13 +107,15 @@ def build_transform(preset: str, image_size: int | None = None) -> ImageTransfor
     resize = round(spec.resize * crop / spec.crop)
     ops: list[torch.nn.Module] = []
     if spec.square:
-        ops.append(K.Resize((crop, crop), antialias=True))
+        ops.append(AreaResize((crop, crop)) if spec.area else K.Resize((crop, crop), antialias=True))
+        if spec.train and spec.affine:  # border fill: the page around the strokes is white
+            ops.append(K.RandomAffine(degrees=10.0, translate=(0.08, 0.08), scale=(0.9, 1.1), padding_mode="border"))
     else:
         ops.append(K.Resize(resize, side="short", antialias=True))
         ops.append(
             K.RandomResizedCrop((crop, crop), scale=spec.scale, ratio=spec.ratio) if spec.train else K.CenterCrop(crop)
         )
-    if spec.train:
+    if spec.train and spec.flip:
         ops.append(K.RandomHorizontalFlip())
     ops.append(K.Normalize(torch.tensor(IMAGENET_MEAN), torch.tensor(IMAGENET_STD)))
     return ImageTransform(preset, torch.nn.Sequential(*ops))

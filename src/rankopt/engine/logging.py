@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import csv
+import io
 import json
 import math
+import os
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any, TypeVar
@@ -43,6 +45,27 @@ def format_table(columns: Mapping[str, Mapping[str, float]], title: str = "") ->
     return "\n".join(lines)
 
 
+def write_text_atomic(path: str | Path, text: str) -> Path:
+    """Write ``text`` to ``path`` through a temporary file and ``os.replace`` (never a half-written file)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+    return path
+
+
+def write_csv_atomic(path: str | Path, rows: Iterable[Mapping[str, Any]]) -> Path:
+    """Rows as CSV with the union of their keys as columns (first-seen order; missing cells empty)."""
+    rows = list(rows)
+    keys = list(dict.fromkeys(k for row in rows for k in row))
+    buffer = io.StringIO()
+    writer = csv.DictWriter(buffer, fieldnames=keys)
+    writer.writeheader()
+    writer.writerows(rows)
+    return write_text_atomic(path, buffer.getvalue())
+
+
 class RunLogger:
     """Accumulates one record per evaluation (``{"epoch", "step", "loss", <metrics>...}``).
 
@@ -74,13 +97,8 @@ class RunLogger:
             self._writer.flush()
 
     def _write_files(self) -> None:
-        self.run_dir.mkdir(parents=True, exist_ok=True)
-        keys = list(dict.fromkeys(k for rec in self.history for k in rec))
-        with open(self.run_dir / METRICS_CSV, "w", newline="") as handle:
-            writer = csv.DictWriter(handle, fieldnames=keys)
-            writer.writeheader()
-            writer.writerows(self.history)
-        (self.run_dir / METRICS_JSON).write_text(json.dumps(self.history, indent=2))
+        write_csv_atomic(self.run_dir / METRICS_CSV, self.history)
+        write_text_atomic(self.run_dir / METRICS_JSON, json.dumps(self.history, indent=2))
 
     def close(self) -> None:
         if self._writer is not None:

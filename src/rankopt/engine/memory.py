@@ -33,6 +33,7 @@ from torch import Tensor, nn
 
 from rankopt.checks import check_embeddings, check_labels
 from rankopt.engine.distributed import all_gather_uneven
+from rankopt.losses import terms
 
 LossFn = Callable[..., Tensor]
 
@@ -118,7 +119,8 @@ class CrossBatchMemory(nn.Module):
     ) -> Tensor:
         """``L_batch + weight * L_mem`` (module docstring); ``L_batch`` alone during the warm-up or while empty.
 
-        Does not enqueue: call :meth:`enqueue` after the loss. ``loss_fn`` must have
+        The unweighted terms are recorded as ``batch`` and ``memory`` (``rankopt.losses.terms``), a
+        composite loss's own terms under ``batch/`` and ``memory/``. Does not enqueue: call :meth:`enqueue` after the loss. ``loss_fn`` must have
         ``accepts_reference = True``.
         """
         if not getattr(loss_fn, "accepts_reference", False):
@@ -126,10 +128,15 @@ class CrossBatchMemory(nn.Module):
                 f"{type(loss_fn).__name__} does not accept a reference set (accepts_reference is False), "
                 "so it cannot be used with a cross-batch memory"
             )
-        loss = loss_fn(embeddings, labels)
+        with terms.scope("batch"):
+            loss = loss_fn(embeddings, labels)
+        terms.record("batch", loss)
         if not self.active(step) or self.weight == 0 or int(self.filled) == 0:
             return loss
         ref_embeddings, ref_labels = self.reference_for(all_gather_uneven(indices)[0])
         if ref_embeddings.shape[0] == 0:
             return loss
-        return loss + self.weight * loss_fn(embeddings, labels, ref_embeddings.to(embeddings.dtype), ref_labels)
+        with terms.scope("memory"):
+            memory = loss_fn(embeddings, labels, ref_embeddings.to(embeddings.dtype), ref_labels)
+        terms.record("memory", memory)
+        return loss + self.weight * memory

@@ -4,10 +4,14 @@
 writes the run folder::
 
     run_dir/config.yaml             the fully resolved config
+    run_dir/run.json                recipe, overrides, command, machine
     run_dir/metrics.{csv,json}      one record per evaluation (epoch 0 = untrained model)
-    run_dir/report.json             untrained vs trained metrics, best epoch
+    run_dir/steps.csv               one row per step: loss, each loss term, learning rates, score differences
+    run_dir/report.json             untrained vs trained metrics, best epoch, data/model/loss, throughput
+    run_dir/retrieval.npz           the final model's top-k neighbours on the evaluation split
     run_dir/checkpoints/{last,best}.ckpt
     run_dir/figures/*.png           rankopt.viz.write_figures
+    run_dir/report.html             rankopt.report.write_run_report (the page a person reads)
 
 Resuming (``train.resume=path|auto``) restores model, optimizers, schedulers,
 grad scaler, memory, sampler and every RNG, so an interrupted run ends with the
@@ -41,12 +45,16 @@ from torch.utils.data import DataLoader, Dataset, Subset
 from rankopt.checks import check_finite_scalar
 from rankopt.config import ExperimentConfig, apply_overrides, config_to_dict, save_config
 from rankopt.engine import checkpoint as ckpt
+from rankopt.engine import run_folder
 from rankopt.engine.distributed import average_gradients
 from rankopt.engine.evaluation import EmbeddedSplit, autocast_context, embed_dataset, evaluate_model
-from rankopt.engine.logging import RunLogger, echo, format_table, progress
+from rankopt.engine.logging import RunLogger, echo, format_table, progress, write_csv_atomic, write_text_atomic
+from rankopt.losses import terms
+from rankopt.rank.differences import difference_summary, score_differences
 from rankopt.engine.optim import build_optimizer, build_scheduler, model_param_groups
 
 _MAX_PATHS_SHOWN = 8
+STEPS_CSV = "steps.csv"
 
 
 def resolve_device(spec: str, local_rank: int = 0) -> torch.device:
@@ -114,12 +122,26 @@ def build_transforms(cfg: ExperimentConfig) -> tuple[Any, Any]:
 def build_datasets(cfg: ExperimentConfig, *, train: bool = True) -> tuple[Dataset | None, dict[str, Dataset]]:
     """The training dataset (when ``train``) and the evaluation splits (ordered), with their transforms.
 
+    With ``data.validation_fraction > 0`` the training split is divided class-disjointly
+    (``rankopt.data.splits.carve_validation``) and the held-out part is the only evaluation split.
+
     With ``data.batch_transform`` the datasets decode only; the trainer transforms whole batches.
     """
     from rankopt.data import build_dataset, evaluation_splits
 
     d = cfg.data
     train_tf, test_tf = (None, None) if d.batch_transform else build_transforms(cfg)
+    if d.validation_fraction > 0:
+        from rankopt.data.splits import carve_validation
+
+        carve = {"fraction": d.validation_fraction, "level": d.validation_level, "seed": d.validation_seed}
+        full = build_dataset(d.name, d.root, d.train_split, transform=test_tf, **d.kwargs)
+        _, validation = carve_validation(full, **carve)
+        train_ds = None
+        if train:
+            full.transform = train_tf
+            train_ds = carve_validation(full, **carve)[0]
+        return train_ds, {"validation": validation}
     train_ds = build_dataset(d.name, d.root, d.train_split, transform=train_tf, **d.kwargs) if train else None
     same = d.eval_name is None or d.eval_name == d.name
     name, root, kwargs = (d.name, d.eval_root or d.root, d.kwargs) if same else (d.eval_name, d.eval_root, {})
@@ -169,12 +191,15 @@ class _Descriptors(nn.Module):
 class Trainer:
     """Trains one experiment; see the module docstring for the run folder."""
 
-    def __init__(self, cfg: ExperimentConfig, run_dir: str | Path | None = None):
+    def __init__(self, cfg: ExperimentConfig, run_dir: str | Path | None = None,
+                 run_info: dict[str, Any] | None = None):
+        """``run_info``: how the run was asked for (``recipe``, ``overrides``, ``command``), kept in ``run.json``."""
         from rankopt.engine.distributed import init_distributed
 
         if cfg.train.best_metric not in cfg.eval.metrics:
             raise ValueError(f"train.best_metric={cfg.train.best_metric!r} is not in eval.metrics {cfg.eval.metrics}")
         self.cfg = cfg
+        self.run_info = dict(run_info or {})
         info = init_distributed()  # one process unless launched by torchrun
         self.rank, self.world_size = info.rank, info.world_size
         self.is_main = info.is_main
@@ -239,6 +264,9 @@ class Trainer:
         self.step_in_epoch = 0  # completed batches of the current epoch
         self.global_step = 0
         self.loss_sum, self.loss_count = 0.0, 0
+        self.step_log: list[dict[str, float]] = []  # steps.csv rows
+        self.train_seconds, self.images_seen = 0.0, 0
+        self._diff_generator = torch.Generator().manual_seed(cfg.train.seed)
         self.best: dict[str, Any] = {"metric": cfg.train.best_metric, "value": None, "epoch": None}
         self.logger = RunLogger(self.run_dir, tensorboard=cfg.output.tensorboard) if self.is_main else None
         self.last_splits: list[EmbeddedSplit] = []
@@ -286,6 +314,8 @@ class Trainer:
             "sampler": self.sampler.state_dict() if hasattr(self.sampler, "state_dict") else None,
             "rng": ckpt.rng_state(), "config": config_to_dict(self.cfg),
             "history": self.logger.history if self.logger else [], "best": dict(self.best),
+            "step_log": self.step_log, "train_seconds": self.train_seconds, "images_seen": self.images_seen,
+            "diff_generator": self._diff_generator.get_state(),
         }
 
     def load_state(self, state: dict[str, Any]) -> None:
@@ -304,16 +334,25 @@ class Trainer:
         self.global_step = int(state["global_step"])
         self.loss_sum, self.loss_count = float(state["loss_sum"]), int(state["loss_count"])
         self.best = dict(state["best"])
+        self.step_log = list(state.get("step_log", []))
+        self.train_seconds, self.images_seen = float(state.get("train_seconds", 0.0)), int(state.get("images_seen", 0))
+        if "diff_generator" in state:
+            self._diff_generator.set_state(state["diff_generator"])
         if self.logger is not None:
             self.logger.history = list(state["history"])
         ckpt.set_rng_state(state["rng"])
 
     def save(self, name: str) -> Path:
-        """Write ``checkpoints/<name>`` (main process only)."""
+        """Write ``checkpoints/<name>`` and ``steps.csv`` (main process only)."""
         path = self.run_dir / ckpt.CHECKPOINT_DIR / name
         if self.is_main:
             ckpt.save_checkpoint(path, self.state_dict())
+            self._write_step_log()
         return path
+
+    def _write_step_log(self) -> None:
+        if self.step_log:
+            write_csv_atomic(self.run_dir / STEPS_CSV, self.step_log)
 
     # ---------------------------------------------------------------- training
     def _loss(self, embeddings: torch.Tensor, labels: torch.Tensor, indices: torch.Tensor) -> torch.Tensor:
@@ -322,6 +361,28 @@ class Trainer:
         return self.train_loss(embeddings, labels)
 
     def _train_step(self, batch: dict[str, Any]) -> float:
+        """One optimisation step; appends its row (loss, terms, learning rates, score differences) to ``step_log``."""
+        lrs = {f"lr/{g.get('name', i)}": g["lr"] for i, g in enumerate(self.optimizer.param_groups)}
+        if self.loss_optimizer is not None:
+            lrs["lr/loss_params"] = self.loss_optimizer.param_groups[0]["lr"]
+        with terms.recording() as loss_terms:
+            loss, embeddings, labels = self._forward_backward(batch)
+        self.images_seen += int(labels.shape[0]) * self.world_size
+        value = float(loss.detach())
+        diffs = score_differences(embeddings, labels, similarity=getattr(self.loss_fn, "similarity", "cosine"),
+                                  generator=self._diff_generator)
+        row = {"epoch": self.epoch + 1, "step": self.global_step + 1, "seconds": None, "images": self.images_seen,
+               "loss": value, **{f"term/{k}": v for k, v in loss_terms.items()}, **lrs,
+               **{f"diff/{k}": v for k, v in difference_summary(diffs).items()}}
+        if self.cfg.train.diagnostics and self.global_step % self.cfg.train.diagnostics_every == 0:
+            from rankopt.engine.diagnostics import DIAGNOSTICS
+
+            for name in self.cfg.train.diagnostics:
+                row.update({f"diag/{k}": v for k, v in DIAGNOSTICS[name](embeddings, labels).items()})
+        self.step_log.append(row)
+        return value
+
+    def _forward_backward(self, batch: dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         images = batch["image"].to(self.device, non_blocking=True)
         if self.batch_transforms[0] is not None:
             images = self.batch_transforms[0](images)
@@ -344,7 +405,7 @@ class Trainer:
         if self.memory is not None:
             self.memory.enqueue(embeddings.detach().float(), labels, indices)
         self._optimizer_step()
-        return float(loss.detach())
+        return loss, embeddings.detach(), labels
 
     def _check_finite(self, loss: torch.Tensor, batch: dict[str, Any]) -> None:
         try:
@@ -398,8 +459,13 @@ class Trainer:
         bar = progress(itertools.islice(self._epoch_loader(), remaining), total=remaining,
                        desc=f"epoch {self.epoch + 1}/{self.cfg.train.epochs}", enabled=self.show)
         every = self.cfg.train.checkpoint_every_steps
+        tick = time.perf_counter()
         for batch in bar:
             value = self._train_step(batch)
+            now = time.perf_counter()  # training time includes loading the batch, not evaluation
+            self.train_seconds += now - tick
+            self.step_log[-1]["seconds"] = round(self.train_seconds, 4)
+            tick = now
             self.loss_sum += value
             self.loss_count += 1
             self.step_in_epoch += 1
@@ -445,6 +511,7 @@ class Trainer:
         if self.is_main:
             self.run_dir.mkdir(parents=True, exist_ok=True)
             save_config(cfg, self.run_dir / "config.yaml")
+            run_folder.write_run_info(self.run_dir, self.run_info, self.device)
             echo(f"run folder: {self.run_dir}")
         if self.global_step == 0 and not (self.logger and self.logger.history):
             untrained = self.evaluate()
@@ -472,23 +539,39 @@ class Trainer:
             self.evaluate()
         metric_keys = list(self.cfg.eval.metrics)
         pick = lambda rec: {k: rec[k] for k in rec if k in metric_keys or k.startswith("num_")}  # noqa: E731
+        d = self.cfg.data
+        first = next(iter(self.eval_ds.values()))
         report = {
-            "name": self.cfg.name, "run_dir": str(self.run_dir), "dataset": self.cfg.data.name,
-            "epochs": self.epoch, "steps": self.global_step, "train_seconds": round(seconds, 1),
+            "kind": "train", "name": self.cfg.name, "run_dir": str(self.run_dir), "dataset": d.name,
+            "epochs": self.epoch, "steps": self.global_step, "train_seconds": round(self.train_seconds, 1),
+            "wall_seconds": round(seconds, 1),
+            "images_per_second": round(self.images_seen / self.train_seconds, 1) if self.train_seconds else None,
             "untrained": pick(history[0]) if history else {},
             "trained": pick(evaluated[-1]) if evaluated else {},
             "best": self.best,
+            "data": {"name": d.name, "root": d.root, "eval_name": d.eval_name or d.name,
+                     "level_names": list(getattr(first, "level_names", [])),
+                     "train": run_folder.dataset_counts({"train": self.train_ds})["train"],
+                     "eval": run_folder.dataset_counts(self.eval_ds)},
+            "model": run_folder.model_info(self.model, self.cfg.model.backbone),
+            "loss": {"name": self.cfg.loss.name, "kwargs": dict(self.cfg.loss.kwargs), "repr": repr(self.loss_fn)},
+            "machine": run_folder.machine_info(self.device),
         }
         if self.is_main:
             trained = report["trained"]
             echo(format_table({"untrained": _scores(report["untrained"]), "trained": _scores(trained)},
                               f"final report ({self.cfg.data.name}, {self.epoch} epochs, "
                               f"{trained.get('num_queries', '?')} queries):"))
+            self._write_step_log()
+            run_folder.write_retrieval(self.run_dir, self.last_splits, self.cfg.eval.similarity)
             if self.cfg.output.figures:
                 report["figures"] = [str(p) for p in self._figures(history)]
-                echo("figures: " + ", ".join(report["figures"]))
-            (self.run_dir / "report.json").write_text(json.dumps(report, indent=2))
-            echo(f"run folder: {self.run_dir} (config.yaml, metrics.csv, metrics.json, report.json, checkpoints/)")
+            write_text_atomic(self.run_dir / "report.json", json.dumps(report, indent=2))
+            page = run_folder.write_html_report(self.run_dir) if self.cfg.output.figures else None
+            echo(f"run folder: {self.run_dir} (config.yaml, metrics.csv, steps.csv, report.json, checkpoints/"
+                 f"{', figures/' if self.cfg.output.figures else ''})")
+            if page is not None:
+                echo(f"report: {page}")
         return report
 
     def _figures(self, history: list[dict[str, Any]]) -> list[Path]:
@@ -502,4 +585,4 @@ class Trainer:
             self.run_dir / "figures", query_embeddings=query.embeddings, query_labels=query.labels,
             ref_embeddings=None if ref is None else ref.embeddings, ref_labels=None if ref is None else ref.labels,
             query_paths=query.paths, ref_paths=None if ref is None else ref.paths, history=history,
-            level_names=getattr(first, "level_names", None), title_note=note)
+            level_names=getattr(first, "level_names", None), title_note=note, map_points=self.cfg.output.map_points)

@@ -15,6 +15,7 @@ from rankopt.losses.proxy import ProxyDGLoss
 from rankopt.losses.recall import SupRecallLoss
 from rankopt.losses.registry import LOSSES
 from rankopt.losses.sup_ap import SupAPLoss
+from rankopt.losses.terms import record, term_name
 
 
 class ROD(nn.Module):
@@ -51,6 +52,8 @@ class ROD(nn.Module):
             dg = self.decomposability_loss(embeddings, labels, ref_embeddings, ref_labels)
         else:
             dg = self.decomposability_loss(embeddings, labels)
+        record(term_name(self.rank_loss), rank)
+        record(term_name(self.decomposability_loss), dg)
         return (1.0 - self.lam) * rank + self.lam * dg
 
     def extra_repr(self) -> str:

@@ -2,16 +2,20 @@
 smooth surrogates of the Heaviside, and score differences. Every loss and metric
 of rankopt uses these pieces."""
 
+from rankopt.rank.differences import difference_summary, operating_fraction, score_differences
 from rankopt.rank.relevance import level_counts, ndcg_gains, relevance
 from rankopt.rank.surrogates import Pivots, default_delta, heaviside, sigmoid_sums, sup_rank_sums, sup_step
 
 __all__ = [
     "Pivots",
     "default_delta",
+    "difference_summary",
     "heaviside",
     "level_counts",
     "ndcg_gains",
+    "operating_fraction",
     "relevance",
+    "score_differences",
     "sigmoid_sums",
     "sup_rank_sums",
     "sup_step",

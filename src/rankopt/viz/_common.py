@@ -1,5 +1,5 @@
 """Shared plumbing of the figures: validated retrieval inputs, chunked query-vs-gallery
-scores with self-exclusion by index, relevance colours and headless figure saving.
+scores with self-exclusion by index, relevance colours, framed image cells and headless figure saving.
 
 Figures are built with :class:`matplotlib.figure.Figure` directly (no ``pyplot``), so
 nothing touches the global backend: rendering is Agg, headless and thread-safe.
@@ -7,22 +7,28 @@ nothing touches the global backend: rendering is Agg, headless and thread-safe.
 
 from __future__ import annotations
 
+import zipfile
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import torch
-from matplotlib.colors import LinearSegmentedColormap
+from matplotlib.axes import Axes
+from matplotlib.colors import LinearSegmentedColormap, to_rgba
 from matplotlib.figure import Figure
+from matplotlib.patches import Patch
 
 from rankopt import checks, similarity as sim
+from rankopt.data.base import load_image
 from rankopt.labels import relevance_levels
 from rankopt.metrics import search
 
 DPI = 100
 """Every PNG is written at this resolution, so its size in pixels is ``figsize * DPI``."""
 
+THUMB_PIXELS = 128
+"""Longest side of the image thumbnails drawn in retrieval cells."""
 _CHUNK_ELEMENTS = 1 << 22
 """At most this many query-reference scores are held at once (16 MiB of float32)."""
 
@@ -120,16 +126,60 @@ def column_name(column: int, level_names: Sequence[str] | None) -> str:
 
 
 def level_name(level: int, num_levels: int, level_names: Sequence[str] | None) -> str:
-    """Legend text for a relevance level: ``L`` shared levels = same finest class, ``0`` = negative."""
-    return "negative" if level == 0 else f"same {column_name(num_levels - level, level_names)}"
+    """Legend text for a relevance level: ``L`` shared levels = same finest class, ``0`` = unrelated,
+    in between = same label at a coarser level only."""
+    if level <= 0:
+        return "unrelated"
+    if level >= num_levels:
+        return f"same {column_name(0, level_names)}"
+    column = num_levels - level
+    return f"same {column_name(column, level_names)}, other {column_name(column - 1, level_names)}"
 
 
-_RELEVANCE_CMAP = LinearSegmentedColormap.from_list("relevance", ["#d62728", "#ff7f0e", "#bcbd22", "#2ca02c"])
+_SAME_COLOUR, _UNRELATED_COLOUR = "#2ca02c", "#d62728"
+_COARSER_CMAP = LinearSegmentedColormap.from_list("coarser", ["#ffb266", "#ff7f0e", "#d95f02"])
 
 
 def level_colour(level: int, num_levels: int) -> tuple[float, float, float, float]:
-    """Red for negatives, through orange and olive for coarser matches, to green for the finest class."""
-    return _RELEVANCE_CMAP(level / num_levels)
+    """Green: same finest class; red: unrelated; orange: shares only coarser levels
+    (darker orange when it shares more of them)."""
+    if level >= num_levels:
+        return to_rgba(_SAME_COLOUR)
+    if level <= 0:
+        return to_rgba(_UNRELATED_COLOUR)
+    return _COARSER_CMAP((level - 1) / (num_levels - 2) if num_levels > 2 else 0.5)
+
+
+def relevance_legend(num_levels: int, level_names: Sequence[str] | None) -> list[Patch]:
+    """Legend patches of the relevance colours, finest match first, unrelated last."""
+    return [Patch(color=level_colour(lv, num_levels), label=level_name(lv, num_levels, level_names))
+            for lv in range(num_levels, -1, -1)]
+
+
+def thumbnail(path: str) -> np.ndarray:
+    """RGB thumbnail of an image file or of a zip member (``archive.zip/member.png``, as rankopt datasets list them)."""
+    try:
+        img = load_image(path)
+        img.thumbnail((THUMB_PIXELS, THUMB_PIXELS))
+        return np.asarray(img)
+    except (OSError, ValueError, KeyError, zipfile.BadZipFile) as err:
+        raise FileNotFoundError(f"cannot read image {path!r}: {err}") from err
+
+
+def draw_cell(ax: Axes, image: np.ndarray | None, colour: tuple[float, ...], title: str, *,
+              text: str = "", fill: tuple[float, ...] | None = None) -> None:
+    """One grid cell framed in ``colour``: ``image``, or ``text`` on ``fill`` (default: ``colour``, light)."""
+    if image is not None:
+        ax.imshow(image, interpolation="nearest")
+    else:
+        ax.set_facecolor(fill if fill is not None else (*colour[:3], 0.35))
+        ax.text(0.5, 0.5, text, ha="center", va="center", fontsize=8, transform=ax.transAxes)
+    ax.set_xticks([])
+    ax.set_yticks([])
+    for spine in ax.spines.values():
+        spine.set_color(colour)
+        spine.set_linewidth(4)
+    ax.set_title(title, fontsize=7, pad=2)
 
 
 def titled(text: str, title_note: str | None, max_chars: int | None = 60) -> str:

@@ -26,6 +26,7 @@ def write_figures(
     history: Sequence[Mapping[str, object]] | None = None,
     level_names: Sequence[str] | None = None,
     num_queries: int = 8,
+    map_points: int = MAX_POINTS,
     top_k: int = 8,
     similarity: str = "cosine",
     seed: int = 0,
@@ -35,7 +36,7 @@ def write_figures(
     ``history`` is given, ``training_curves.png`` into ``out_dir``; return their paths.
 
     ``ref_embeddings=None``: the queries are the gallery, each excluded from its own
-    results by index. The embedding map shows the gallery (t-SNE of at most 5,000
+    results by index. The embedding map shows the gallery (t-SNE of at most ``map_points``
     points). ``title_note`` (e.g. ``"synthetic"``) is appended to every title.
     Deterministic given ``seed``.
     """
@@ -55,7 +56,7 @@ def write_figures(
     paths.append(
         plot_embedding_map(
             out / "embedding_map.png", data.ref, data.ref_labels,
-            level_names=level_names, similarity=similarity, max_points=MAX_POINTS, seed=seed, title_note=title_note,
+            level_names=level_names, similarity=similarity, max_points=map_points, seed=seed, title_note=title_note,
         )
     )
     if history:

@@ -1,37 +1,34 @@
 """Retrieval grids: each row is a query followed by its top-k results, every result
-framed in the colour of its relevance level (number of shared hierarchy levels),
+framed in the colour of its relevance level (number of shared hierarchy levels: green =
+same finest class, orange = same coarser label only, red = unrelated),
 as in the qualitative figures of ROADMAP (Fig. 16) and TPAMI (Figs. 9c-d, 15)."""
 
 from __future__ import annotations
 
-import zipfile
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
 import torch
-from matplotlib.axes import Axes
-from matplotlib.patches import Patch
 
-from rankopt.data.base import load_image
 from rankopt.viz._common import (
     ArrayLike,
     RetrievalInputs,
+    draw_cell,
     level_colour,
-    level_name,
     new_figure,
+    relevance_legend,
     retrieval_inputs,
     sample_indices,
     save_figure,
     score_chunks,
+    thumbnail,
     titled,
 )
 
 CELL_INCHES = 1.4
 """Width and height of one grid cell; the figure is ``CELL*(k+1)`` by ``CELL*rows + HEADER``."""
 HEADER_INCHES = 0.8
-_THUMB_PIXELS = 128
 
 
 @dataclass(frozen=True)
@@ -100,34 +97,10 @@ def retrieval_neighbours(
     return _top_k(data, rows, top_k)
 
 
-def _thumbnail(path: str) -> np.ndarray:
-    """RGB thumbnail of an image file or of a zip member (``archive.zip/member.png``, as rankopt datasets list them)."""
-    try:
-        img = load_image(path)
-        img.thumbnail((_THUMB_PIXELS, _THUMB_PIXELS))
-        return np.asarray(img)
-    except (OSError, ValueError, KeyError, zipfile.BadZipFile) as err:
-        raise FileNotFoundError(f"cannot read image {path!r} for the retrieval grid: {err}") from err
-
-
 def _check_paths(paths: Sequence[str] | None, n: int, name: str) -> Sequence[str] | None:
     if paths is not None and len(paths) != n:
         raise ValueError(f"{name} has {len(paths)} entries but there are {n} embeddings")
     return paths
-
-
-def _draw_cell(ax: Axes, image_path: str | None, text: str, colour: tuple[float, ...], title: str) -> None:
-    if image_path is not None:
-        ax.imshow(_thumbnail(image_path), interpolation="nearest")
-    else:
-        ax.set_facecolor((*colour[:3], 0.35))
-        ax.text(0.5, 0.5, text, ha="center", va="center", fontsize=8, transform=ax.transAxes)
-    ax.set_xticks([])
-    ax.set_yticks([])
-    for spine in ax.spines.values():
-        spine.set_color(colour)
-        spine.set_linewidth(4)
-    ax.set_title(title, fontsize=7, pad=2)
 
 
 def plot_retrieval_grid(
@@ -149,8 +122,8 @@ def plot_retrieval_grid(
     """Draw ``num_queries`` queries (drawn with ``seed``) and their top-``k`` results.
 
     Cells show image thumbnails when paths are given, otherwise a cell coloured by
-    relevance with the score and fine label. Frames: green = same finest class, red =
-    negative, intermediate colours = sharing only coarser levels.
+    relevance with the score and fine label. Frames: green = same finest class, orange =
+    shares only a coarser level (darker when it shares more levels), red = unrelated.
     """
     if num_queries < 1 or top_k < 1:
         raise ValueError(f"num_queries and top_k must be >= 1, got {num_queries} and {top_k}")
@@ -167,12 +140,14 @@ def plot_retrieval_grid(
     for r in range(rows):
         q = int(nb.query_indices[r])
         q_label = int(data.query_labels[q, 0])
-        _draw_cell(axes[r, 0], query_paths[q] if query_paths else None, f"class {q_label}", grey, f"query {q} (class {q_label})")
+        draw_cell(axes[r, 0], thumbnail(query_paths[q]) if query_paths else None, grey, f"query {q} (class {q_label})",
+                  text=f"class {q_label}")
         for c in range(k):
             j, level = int(nb.indices[r, c]), int(nb.levels[r, c])
             text = f"s={float(nb.scores[r, c]):.3f}\nclass {int(data.ref_labels[j, 0])}"
-            _draw_cell(axes[r, c + 1], ref_paths[j] if ref_paths else None, text, level_colour(level, num_levels), f"#{c + 1}  s={float(nb.scores[r, c]):.2f}")
-    handles = [Patch(color=level_colour(lv, num_levels), label=level_name(lv, num_levels, level_names)) for lv in range(num_levels, -1, -1)]
+            draw_cell(axes[r, c + 1], thumbnail(ref_paths[j]) if ref_paths else None, level_colour(level, num_levels),
+                      f"#{c + 1}  s={float(nb.scores[r, c]):.2f}", text=text)
+    handles = relevance_legend(num_levels, level_names)
     legend_top = 1 - 0.3 / fig.get_figheight()
     fig.legend(handles=handles, loc="upper left", bbox_to_anchor=(0.0, legend_top), ncol=len(handles), fontsize=7, frameon=False)
     gallery = "query set, self excluded" if data.same_set else f"gallery of {data.ref.shape[0]}"

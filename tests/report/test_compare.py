@@ -228,14 +228,14 @@ def test_markdown_tables(runs, tmp_path):
     assert lines[0] == "| loss.name | runs | recall@1 | map@r |"
     assert lines[1] == "| --- | --- | --- | --- |"
     r1 = np.array([metric_values("roadmap", s)["recall@1"] for s in SEEDS])
-    # roadmap has the best recall@1 (bold); fastap the best map@r? no: roadmap too
+    # roadmap has the best means: bold
     assert f"| roadmap | 3 | **{r1.mean():.4f} ± {r1.std(ddof=1):.4f}** |" in text
     assert lines[2].startswith("| smooth_ap (baseline) | 3 | ")
     diff_row = next(line for line in lines if line.startswith("| roadmap | 3 | ") and "[" in line)
     d = comparison.differences["roadmap"]["recall@1"]
     cell = f"{d.mean:+.4f} [{d.ci_low:+.4f}, {d.ci_high:+.4f}] p={d.p_value:.3f}"
     assert (f"**{cell}**" if d.p_value < 0.05 else cell) in diff_row
-    assert re.search(r"\| fastap \| 3 \| \*{0,2}-0\.\d{4} \[-?\+?0\.\d{4}, [-+]0\.\d{4}\] p=", text)
+    assert re.search(r"\| fastap \| 3 \| \*{0,2}-0\.\d{4} \[[-+]0\.\d{4}, [-+]0\.\d{4}\] p=0\.\d{3}", text)
 
 
 def test_page_checks_and_figures(runs, tmp_path):
@@ -315,3 +315,14 @@ def test_render_screenshot(runs, tmp_path, render_page):
     shot = render_page(page, size=(1280, 3200))  # asserts the screenshot is not blank
     with Image.open(shot) as image:
         assert image.size == (1280, 3200)
+
+
+def test_best_groups_include_ties(tmp_path):
+    runs = [write_run(tmp_path, loss, 0, None) for loss in ("smooth_ap", "roadmap")]
+    for run in runs:
+        report = json.loads((run / "report.json").read_text())
+        report["trained"]["recall@1"] = 0.5
+        (run / "report.json").write_text(json.dumps(report))
+    comparison = compare_runs(runs)
+    assert comparison.best_groups("recall@1") == ("roadmap", "smooth_ap")
+    assert markdown_tables(comparison).count("**0.5000**") == 2

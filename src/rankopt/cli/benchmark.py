@@ -25,6 +25,7 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--baseline", default="smooth_ap", help="group the differences are taken to")
     parser.add_argument("--set", nargs="+", default=[], metavar="key=value", help="extra overrides for every run")
     parser.add_argument("--tune", action="store_true", help="learning-rate grid on the validation split")
+    parser.add_argument("--lrs", nargs="+", type=float, metavar="LR", help="--tune's grid (default: 3e-4 1e-3 3e-3)")
     parser.set_defaults(func=run)
 
 
@@ -38,7 +39,8 @@ def run(args: argparse.Namespace) -> int:
     out = Path(args.out or f"benchmarks/runs/{args.name}{suffix}")
     if args.tune:
         specs = bench.tuning_specs(args.name, root=args.root, quick=args.quick, extra=args.set,
-                                   **({"losses": args.losses} if args.losses else {}))
+                                   **({"losses": args.losses} if args.losses else {}),
+                                   **({"lrs": args.lrs} if args.lrs else {}))
         outcomes = bench.run_benchmark(specs, out, jobs=args.jobs, baseline=None, by=("loss.name", "optim.lr")).outcomes
         lr, table = bench.select_learning_rate(outcomes)
         for value, row in table.items():

@@ -54,11 +54,14 @@ def register(subparsers: Any) -> None:
                         help="metric names, or 'all' (default: the checkpoint's eval.metrics)")
     parser.add_argument("--similarity", choices=("cosine", "dot", "neg_l2"), help="default: the checkpoint's")
     parser.add_argument("--json", metavar="OUT", help="write the result as JSON")
+    parser.add_argument("--output", metavar="DIR",
+                        help="also write a run folder: report.html, report.json, metrics.json, retrieval.npz, figures/")
     parser.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
     import json
+    import time
     from pathlib import Path
 
     from rankopt.engine.evaluation import evaluate_model
@@ -74,8 +77,9 @@ def run(args: argparse.Namespace) -> int:
         from rankopt.metrics import ALL_METRICS
 
         metrics = list(ALL_METRICS)
-    result, _ = evaluate_model(model, datasets, cfg.eval, device=device, num_workers=args.num_workers,
-                               show_progress=not args.no_progress, metrics=metrics, batch_transform=batch_transform)
+    start = time.perf_counter()
+    result, splits = evaluate_model(model, datasets, cfg.eval, device=device, num_workers=args.num_workers,
+                                    show_progress=not args.no_progress, metrics=metrics, batch_transform=batch_transform)
     dataset = cfg.data.eval_name or cfg.data.name
     out = {"checkpoint": str(args.checkpoint), "dataset": dataset, "splits": list(datasets),
            "similarity": cfg.eval.similarity, **result.to_dict()}
@@ -85,4 +89,45 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         Path(args.json).write_text(json.dumps(out, indent=2))
         print(f"wrote {args.json}")
+    if args.output:
+        page = write_evaluation_folder(Path(args.output), args, cfg, model, datasets, splits, result,
+                                       time.perf_counter() - start)
+        print(f"run folder: {args.output}" + (f"; report: {page}" if page else ""))
     return 0
+
+
+def write_evaluation_folder(run_dir: Any, args: argparse.Namespace, cfg: Any, model: Any, datasets: dict[str, Any],
+                            splits: list[Any], result: Any, seconds: float) -> Any:
+    """The run folder of an evaluation (kind ``evaluate``): config, run info, one metrics record,
+    report.json, retrieval.npz, figures and report.html (``rankopt.engine.run_folder``)."""
+    import json
+    import sys
+
+    from rankopt.config import save_config
+    from rankopt.engine import run_folder
+    from rankopt.engine.logging import write_text_atomic
+
+    run_dir.mkdir(parents=True, exist_ok=True)
+    save_config(cfg, run_dir / "config.yaml")
+    info = {"recipe": f"(checkpoint {args.checkpoint})", "overrides": [], "command": "rankopt " + " ".join(sys.argv[1:])}
+    run_folder.write_run_info(run_dir, info, next(model.parameters()).device)
+    record = {"epoch": 0, "step": 0, **result.metrics, "num_queries": result.num_queries,
+              "num_queries_without_positive": result.num_queries_without_positive}
+    write_text_atomic(run_dir / "metrics.json", json.dumps([record], indent=2))
+    first = next(iter(datasets.values()))
+    level_names = list(getattr(first, "level_names", []))
+    run_folder.write_retrieval(run_dir, splits, cfg.eval.similarity)
+    figures = run_folder.write_split_figures(run_dir, splits, cfg, level_names=level_names)
+    dataset = cfg.data.eval_name or cfg.data.name
+    report = {
+        "kind": "evaluate", "name": cfg.name, "run_dir": str(run_dir), "dataset": dataset, "checkpoint": str(args.checkpoint),
+        "wall_seconds": round(seconds, 1), "untrained": {}, "trained": record, "best": {},
+        "data": {"name": dataset, "root": cfg.data.eval_root or cfg.data.root, "eval_name": dataset,
+                 "level_names": level_names, "eval": run_folder.dataset_counts(datasets)},
+        "model": run_folder.model_info(model, cfg.model.backbone),
+        "loss": {"name": cfg.loss.name, "kwargs": dict(cfg.loss.kwargs), "repr": ""},
+        "machine": run_folder.machine_info(next(model.parameters()).device),
+        "figures": [str(p) for p in figures],
+    }
+    write_text_atomic(run_dir / "report.json", json.dumps(report, indent=2))
+    return run_folder.write_html_report(run_dir)

@@ -6,12 +6,13 @@ import csv
 import io
 import json
 import math
-import os
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any, TypeVar
 
 from tqdm.auto import tqdm
+
+from rankopt.files import write_text_atomic
 
 T = TypeVar("T")
 METRICS_CSV = "metrics.csv"
@@ -43,16 +44,6 @@ def format_table(columns: Mapping[str, Mapping[str, float]], title: str = "") ->
             cells.append(f"{'-' if value is None or math.isnan(value) else f'{value:.4f}':>{w}}")
         lines.append(f"{name:<{width}}  " + "  ".join(cells))
     return "\n".join(lines)
-
-
-def write_text_atomic(path: str | Path, text: str) -> Path:
-    """Write ``text`` to ``path`` through a temporary file and ``os.replace`` (never a half-written file)."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
-    return path
 
 
 def write_csv_atomic(path: str | Path, rows: Iterable[Mapping[str, Any]]) -> Path:

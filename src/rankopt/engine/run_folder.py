@@ -19,7 +19,7 @@ import numpy as np
 import torch
 
 from rankopt.engine.evaluation import EmbeddedSplit
-from rankopt.engine.logging import write_text_atomic
+from rankopt.files import write_text_atomic
 
 RUN_JSON = "run.json"
 RETRIEVAL_NPZ = "retrieval.npz"
@@ -87,6 +87,22 @@ def write_retrieval(run_dir: Path, splits: Sequence[EmbeddedSplit], similarity: 
                         scores=found.scores.numpy().astype(np.float32), self_retrieval=np.asarray(len(splits) == 1))
     os.replace(tmp, path)
     return path
+
+
+def write_split_figures(run_dir: Path, splits: Sequence[EmbeddedSplit], cfg: Any, *,
+                        history: Sequence[Mapping[str, Any]] | None = None,
+                        level_names: Sequence[str] | None = None) -> list[Path]:
+    """``rankopt.viz.write_figures`` of the embedded evaluation split(s) into ``run_dir/figures``."""
+    from rankopt.viz import write_figures
+
+    query = splits[0]
+    ref = splits[1] if len(splits) == 2 else None
+    note = "SYNTHETIC data" if (cfg.data.eval_name or cfg.data.name) == "synthetic" else None
+    return write_figures(
+        run_dir / "figures", query_embeddings=query.embeddings, query_labels=query.labels,
+        ref_embeddings=None if ref is None else ref.embeddings, ref_labels=None if ref is None else ref.labels,
+        query_paths=query.paths, ref_paths=None if ref is None else ref.paths, history=history,
+        level_names=level_names, similarity=cfg.eval.similarity, title_note=note, map_points=cfg.output.map_points)
 
 
 def write_html_report(run_dir: Path) -> Path | None:

@@ -48,7 +48,8 @@ from rankopt.engine import checkpoint as ckpt
 from rankopt.engine import run_folder
 from rankopt.engine.distributed import average_gradients
 from rankopt.engine.evaluation import EmbeddedSplit, autocast_context, embed_dataset, evaluate_model
-from rankopt.engine.logging import RunLogger, echo, format_table, progress, write_csv_atomic, write_text_atomic
+from rankopt.engine.logging import RunLogger, echo, format_table, progress, write_csv_atomic
+from rankopt.files import write_text_atomic
 from rankopt.losses import terms
 from rankopt.rank.differences import difference_summary, score_differences
 from rankopt.engine.optim import build_optimizer, build_scheduler, model_param_groups
@@ -575,14 +576,6 @@ class Trainer:
         return report
 
     def _figures(self, history: list[dict[str, Any]]) -> list[Path]:
-        from rankopt.viz import write_figures
-
-        query = self.last_splits[0]
-        ref = self.last_splits[1] if len(self.last_splits) == 2 else None
         first = next(iter(self.eval_ds.values()))
-        note = "SYNTHETIC data" if (self.cfg.data.eval_name or self.cfg.data.name) == "synthetic" else None
-        return write_figures(
-            self.run_dir / "figures", query_embeddings=query.embeddings, query_labels=query.labels,
-            ref_embeddings=None if ref is None else ref.embeddings, ref_labels=None if ref is None else ref.labels,
-            query_paths=query.paths, ref_paths=None if ref is None else ref.paths, history=history,
-            level_names=getattr(first, "level_names", None), title_note=note, map_points=self.cfg.output.map_points)
+        return run_folder.write_split_figures(self.run_dir, self.last_splits, self.cfg, history=history,
+                                              level_names=getattr(first, "level_names", None))

@@ -149,9 +149,10 @@ class Comparison:
     pairings: dict[str, Pairing]
     differences: dict[str, dict[str, PairedDifference | None]]
 
-    def best_group(self, metric: str) -> str:
-        """The group with the highest mean (every rankopt metric is higher-is-better)."""
-        return max(self.groups, key=lambda g: self.summaries[g][metric].mean)
+    def best_groups(self, metric: str) -> tuple[str, ...]:
+        """The group(s) with the highest mean, ties included (every rankopt metric is higher-is-better)."""
+        top = max(self.summaries[g][metric].mean for g in self.groups)
+        return tuple(g for g in self.groups if self.summaries[g][metric].mean == top)
 
     def group_values(self, key: str) -> dict[str, list[str]]:
         """Per group, the distinct values of config ``key`` among its runs (as text, sorted)."""
@@ -272,15 +273,20 @@ def _unpaired(c: Comparison, pairing: Pairing) -> str:
             f"{c.pair_by}, or a value repeated within a group): {', '.join(r.name for r in pairing.unpaired)}")
 
 
+def _bold(c: Comparison) -> dict[str, tuple[str, ...]]:
+    """Per metric, the groups whose mean is shown in bold: the best, when there is more than one group."""
+    return {m: c.best_groups(m) if len(c.groups) > 1 else () for m in c.metrics}
+
+
 def markdown_tables(comparison: Comparison) -> str:
     """The means table (groups × metrics, ``mean ± std``, best in bold) and, with a baseline, the
     table of paired differences ``+d [CI] p`` (bold when p < 0.05), with a legend line each."""
     c = comparison
     header = [" / ".join(c.by), "runs", *c.metrics]
-    best = {m: c.best_group(m) for m in c.metrics}
+    best = _bold(c)
     lines = [_md_row(header), _md_row("---" for _ in header)]
     for g, rs in c.groups.items():
-        cells = [f"**{_mean_std(c.summaries[g][m])}**" if best[m] == g and len(c.groups) > 1 else _mean_std(c.summaries[g][m])
+        cells = [f"**{_mean_std(c.summaries[g][m])}**" if g in best[m] else _mean_std(c.summaries[g][m])
                  for m in c.metrics]
         lines.append(_md_row([g + (" (baseline)" if g == c.baseline else ""), str(len(rs)), *cells]))
     lines += ["", "Last evaluation of each run: mean ± sample std over its runs; bold: best mean."]
@@ -480,9 +486,9 @@ def _mean_cell(s: Summary, best: bool) -> Raw:
 
 
 def _results_section(c: Comparison) -> str:
-    best = {m: c.best_group(m) for m in c.metrics}
+    best = _bold(c)
     rows = [[g + (" (baseline)" if g == c.baseline else ""), len(rs),
-             *[_mean_cell(c.summaries[g][m], best[m] == g and len(c.groups) > 1) for m in c.metrics]]
+             *[_mean_cell(c.summaries[g][m], g in best[m]) for m in c.metrics]]
             for g, rs in c.groups.items()]
     fewest = min(len(rs) for rs in c.groups.values())
     text = (f"Each cell: mean ± sample standard deviation (n − 1) over the group's runs; bold: the best mean. "

@@ -13,11 +13,12 @@ import numbers
 import os
 import re
 import struct
-import tempfile
 from collections.abc import Collection, Sequence
 from html.parser import HTMLParser
 from pathlib import Path
 from urllib.parse import unquote, urlsplit
+
+from rankopt.files import write_text_atomic
 
 __all__ = ["DASH", "Raw", "check_page", "code", "columns", "escape", "figure", "format_value", "key_values", "link",
            "note", "page", "png_problem", "section", "table", "write_page"]
@@ -226,19 +227,8 @@ def page(title: str, body_sections: list[str], *, subtitle: str = "") -> Raw:
 
 
 def write_page(path: str | os.PathLike[str], html_text: str) -> Path:
-    """Write ``html_text`` to ``path`` atomically (a temporary file in the same folder, then
-    ``os.replace``); create the folder. Returns the path."""
-    out = Path(path)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(html_text)
-        os.replace(tmp, out)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return out
+    """Write ``html_text`` to ``path`` atomically (``rankopt.files.write_text_atomic``); returns the path."""
+    return write_text_atomic(path, html_text)
 
 
 # ---------------------------------------------------------------- page checks

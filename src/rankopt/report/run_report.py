@@ -410,7 +410,8 @@ def _what_was_run(run: RunFolder) -> str:
     ])
     body = [columns([f"<h3>Asked for</h3>{asked}", f"<h3>Model</h3>{model_kv}<h3>Loss</h3>{loss_kv}"]),
             columns([f"<h3>Data</h3>{dataset}", f"<h3>Images and classes</h3>{_data_table(run)}"]),
-            columns([f"<h3>Optimisation</h3>{training}", f"<h3>Machine and time</h3>{timing}"])]
+            columns([f"<h3>{'How the checkpoint was trained' if run.kind == 'evaluate' else 'Optimisation'}</h3>"
+                     f"{training}", f"<h3>Machine and time</h3>{timing}"])]
     if loss.get("repr"):
         body.append(f"<h3>Loss module</h3>{code(loss['repr'] + chr(10))}")
     if not run.config:
@@ -472,15 +473,17 @@ def _figure_or_note(figs: _Figures, name: str, caption: str, missing: str) -> st
     return note(missing + (f" ({figs.problems[name]})" if name in figs.problems else ""))
 
 
-def _training_section(run: RunFolder, figs: _Figures) -> str:
+def _training_section(run: RunFolder, figs: _Figures) -> str | None:
+    """Loss terms, learning rates and metrics per evaluation; ``None`` for an evaluate run (nothing trained)."""
     from rankopt.viz import plot_learning_rates, plot_loss_terms, plot_metric_history
 
+    if run.kind == "evaluate":
+        return None
     tn = _note_text(run)
     body = []
     if run.steps is None:
-        why = "a rankopt evaluate run has no training steps" if run.kind == "evaluate" else \
-            "steps.csv is missing (run from an older rankopt, or stopped before its first checkpoint)"
-        body.append(note(f"No per-step log: {why}."))
+        body.append(note("No per-step log: steps.csv is missing (run from an older rankopt, or stopped before "
+                         "its first checkpoint)."))
         if (figs.folder / "training_curves.png").is_file():
             body.append(figure(f"{FIGURES}/training_curves.png", "Loss, learning rates and metrics per evaluation "
                                                                    "(written by the trainer)"))
@@ -594,6 +597,7 @@ def write_run_report(run_dir: str | os.PathLike[str]) -> Path:
     figs = _Figures(run, [], {})
     sections = [_what_was_run(run), _metrics_section(run), _training_section(run, figs), _retrieval_section(run, figs),
                 _ap_level_section(run, figs), _surrogate_section(run, figs)]
+    sections = [part for part in sections if part is not None]
     if run.synthetic:
         sections.insert(0, note("SYNTHETIC data: rankopt's generated shapes. The numbers show that training works, "
                                 "not how a method ranks on a benchmark.", warning=True))

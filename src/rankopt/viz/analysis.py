@@ -12,6 +12,7 @@ from typing import Any
 
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
+from matplotlib.ticker import NullLocator
 
 from rankopt.viz._common import new_figure, save_figure, titled
 
@@ -83,7 +84,13 @@ def _set_scale(ax: Axes, xs: list[float], log_x: bool | None) -> None:
         ax.set_xlim(left=-0.2 * min(positive))
     else:
         raise ValueError(f"log_x needs non-negative x values, got {xs}")
+    _ticks_at(ax, xs)
+
+
+def _ticks_at(ax: Axes, xs: list[float]) -> None:
+    """x ticks at the values only (no minor ticks or labels in between)."""
     ax.set_xticks(xs, [f"{v:g}" for v in xs])
+    ax.xaxis.set_minor_locator(NullLocator())
 
 
 def _batch_sizes(batch_sizes: Sequence[int]) -> list[float]:
@@ -96,7 +103,7 @@ def _batch_sizes(batch_sizes: Sequence[int]) -> list[float]:
 def _batch_axis(ax: Axes, xs: list[float]) -> None:
     """Batch sizes on a log2 axis, ticked at the values."""
     ax.set_xscale("log", base=2)
-    ax.set_xticks(xs, [f"{v:g}" for v in xs])
+    _ticks_at(ax, xs)
 
 
 def plot_decomposability_gap(

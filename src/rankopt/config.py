@@ -172,7 +172,10 @@ class EvalConfig:
 class OutputConfig:
     dir: str | None = None  # None: runs/<name>-<UTC time>
     tensorboard: bool = True
-    figures: bool = True
+    figures: bool = True  # figures and report.html
+    # the figures drawn from the final embeddings (retrieval grid, PR curves, t-SNE map): the costly ones;
+    # the benchmark draws them for its first seed only
+    embedding_figures: bool = True
     map_points: int = 5000  # points of the t-SNE embedding map (its cost grows quickly with them)
     progress: bool = True
 

@@ -565,7 +565,7 @@ class Trainer:
                               f"{trained.get('num_queries', '?')} queries):"))
             self._write_step_log()
             run_folder.write_retrieval(self.run_dir, self.last_splits, self.cfg.eval.similarity)
-            if self.cfg.output.figures:
+            if self.cfg.output.figures and self.cfg.output.embedding_figures:
                 report["figures"] = [str(p) for p in self._figures(history)]
             write_text_atomic(self.run_dir / "report.json", json.dumps(report, indent=2))
             page = run_folder.write_html_report(self.run_dir) if self.cfg.output.figures else None

@@ -1,0 +1,87 @@
+"""The grid runner and the Omniglot benchmark definition (rankopt.experiments)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from rankopt.experiments import RunSpec, run_grid
+from rankopt.experiments.benchmark import LOSSES, benchmark_specs, select_learning_rate, tuning_specs
+from rankopt.experiments.runner import RunOutcome
+
+
+def test_benchmark_grid_is_every_loss_times_every_seed():
+    specs = benchmark_specs("omniglot", root="/data/omniglot", seeds=(0, 1))
+    assert [s.name for s in specs[:3]] == ["smooth_ap-s0", "smooth_ap-s1", "sup_ap-s0"]
+    assert len(specs) == 2 * len(LOSSES) == 28
+    assert {s.recipe for s in specs} == {"omniglot"}
+    assert "loss.name=roadmap" in specs[4].overrides and "train.seed=0" in specs[4].overrides
+    assert all("data.root=/data/omniglot" in s.overrides for s in specs)
+    quick = benchmark_specs("omniglot", losses=["fastap"], seeds=(3,), quick=True)
+    assert len(quick) == 1 and "data.kwargs.alphabets=4" in quick[0].overrides
+    with pytest.raises(ValueError, match="unknown benchmark loss"):
+        benchmark_specs("omniglot", losses=["nope"])
+    with pytest.raises(ValueError, match="unknown benchmark"):
+        benchmark_specs("mnist")
+
+
+def test_tuning_runs_only_on_the_validation_split():
+    from rankopt.config import load_config
+
+    specs = tuning_specs("omniglot", lrs=(1e-3, 3e-3), losses=("roadmap",))
+    assert [s.name for s in specs] == ["roadmap-lr0.001", "roadmap-lr0.003"]
+    cfg = load_config(specs[0].recipe, list(specs[0].overrides))
+    assert cfg.data.validation_fraction > 0 and cfg.optim.lr == 1e-3
+
+
+def test_select_learning_rate_takes_the_best_mean(tmp_path):
+    outcomes = []
+    for lr, values in {"0.001": (0.30, 0.20), "0.003": (0.31, 0.25)}.items():
+        for loss, value in zip(("roadmap", "triplet"), values):
+            run = tmp_path / f"{loss}-{lr}"
+            run.mkdir()
+            (run / "report.json").write_text(json.dumps({"trained": {"map@r": value}}))
+            outcomes.append(RunOutcome(RunSpec(run.name, "omniglot", tags={"loss": loss, "lr": lr}), run, "done", 1.0,
+                                       run / "train.log"))
+    lr, table = select_learning_rate(outcomes)
+    assert lr == 0.003 and table["0.001"] == {"roadmap": 0.30, "triplet": 0.20}
+
+
+def test_grid_names_must_be_unique_plain_folders(tmp_path):
+    with pytest.raises(ValueError, match="twice"):
+        run_grid([RunSpec("a", "default"), RunSpec("a", "default")], tmp_path)
+    with pytest.raises(ValueError, match="plain folder"):
+        run_grid([RunSpec("../a", "default")], tmp_path)
+
+
+@pytest.mark.slow
+def test_grid_skips_finished_runs_and_resumes_interrupted_ones(omniglot, tmp_path):
+    """A tiny real-data grid: a finished run is skipped; a run stopped after its first epoch resumes from
+    its checkpoint and ends exactly where an uninterrupted run ends (constant learning rate)."""
+    tiny = (f"data.root={omniglot}", "data.kwargs.alphabets=2", "train.batch_size=32",
+            "train.sampler_kwargs.super_classes_per_batch=2", "train.sampler_kwargs.batches_per_super_tuple=3",
+            "train.epochs=2", "train.eval_every=1", "schedule.name=constant", "output.figures=false",
+            "eval.metrics=[recall@1,map@r]", "train.best_metric=map@r")
+    specs = [RunSpec("roadmap", "omniglot", ("loss.name=roadmap", *tiny)),
+             RunSpec("smooth_ap", "omniglot", ("loss.name=smooth_ap", *tiny))]
+    first = run_grid(specs, tmp_path / "grid", jobs=2)
+    assert [o.status for o in first] == ["done", "done"], [o.log.read_text()[-2000:] for o in first]
+
+    # An interrupted run: the same spec trained for one epoch only, without its final report.
+    interrupted = tmp_path / "grid2" / "roadmap"
+    cmd = [sys.executable, "-m", "rankopt", "train", "omniglot", "loss.name=roadmap", *tiny, "train.epochs=1",
+           "output.progress=false", "--output", str(interrupted)]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}  # as the grid's jobs=2 children
+    subprocess.run(cmd, check=True, capture_output=True, env=env)
+    (interrupted / "report.json").unlink()
+    (tmp_path / "grid2" / "smooth_ap").symlink_to(tmp_path / "grid" / "smooth_ap")
+    second = run_grid(specs, tmp_path / "grid2", jobs=2)
+    assert [o.status for o in second] == ["done", "skipped"]
+    assert "resumed from" in (interrupted / "train.log").read_text()
+    resumed = json.loads((interrupted / "report.json").read_text())["trained"]
+    straight = json.loads((tmp_path / "grid" / "roadmap" / "report.json").read_text())["trained"]
+    assert resumed == straight

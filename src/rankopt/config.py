@@ -244,12 +244,14 @@ def _load_raw(name_or_path: str | Path, seen: tuple[Path, ...] = ()) -> DictConf
 
 
 def _layer(base: DictConfig, update: DictConfig, *, replace_kwargs: bool) -> DictConfig:
-    """``update`` merged over ``base``. A new ``loss.name`` drops the base's ``loss.kwargs``; with
+    """``update`` merged over ``base``. A new ``loss.name`` drops the base's ``loss.kwargs`` (a new
+    ``train.sampler`` its ``train.sampler_kwargs``); with
     ``replace_kwargs`` (recipe over base recipe) every free-form ``*kwargs`` mapping given replaces the base's."""
     merged = OmegaConf.merge(base, update)
-    new_loss = OmegaConf.select(update, "loss.name")
-    if new_loss is not None and new_loss != OmegaConf.select(base, "loss.name", default=None):
-        OmegaConf.update(merged, "loss.kwargs", OmegaConf.select(update, "loss.kwargs", default={}), merge=False)
+    for name_key, kwargs_key in (("loss.name", "loss.kwargs"), ("train.sampler", "train.sampler_kwargs")):
+        new = OmegaConf.select(update, name_key)
+        if new is not None and new != OmegaConf.select(base, name_key, default=None):
+            OmegaConf.update(merged, kwargs_key, OmegaConf.select(update, kwargs_key, default={}), merge=False)
     for key in _FREE_FORM if replace_kwargs else ():
         value = OmegaConf.select(update, key, default=None)
         if value is not None:

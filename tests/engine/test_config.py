@@ -103,3 +103,14 @@ def test_every_recipe_loads_and_cites_a_source():
 
         text = (RECIPE_DIR / f"{name}.yaml").read_text()
         assert text.startswith("#"), f"recipe {name} must start with a comment citing its source"
+
+
+def test_a_new_sampler_drops_the_recipe_sampler_kwargs():
+    from rankopt.config import load_config
+
+    assert load_config("omniglot").train.sampler_kwargs  # the recipe's hierarchical sampler settings
+    assert load_config("omniglot", ["train.sampler=m_per_class"]).train.sampler_kwargs == {}
+    cfg = load_config("omniglot", ["train.sampler=m_per_class", "train.sampler_kwargs.small_class_policy=drop"])
+    assert cfg.train.sampler_kwargs == {"small_class_policy": "drop"}
+    kept = load_config("omniglot", ["train.sampler=hierarchical"]).train.sampler_kwargs
+    assert kept["super_classes_per_batch"] == 4

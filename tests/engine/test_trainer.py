@@ -313,3 +313,16 @@ def test_validation_split_replaces_the_evaluation_splits(omniglot):
     assert len(alphabet(val)) == 6 and len(alphabet(train)) == 24
     assert len(train) + len(val) == 19280
     assert all("images_background" in p for p in val.paths)
+
+
+def test_diagnostics_are_logged_every_n_steps_and_unknown_ones_rejected(tmp_path, tiny_data):
+    import csv
+
+    run = tmp_path / "run"
+    Trainer(tiny_config(run, "train.diagnostics=[surrogate_ap]", "train.diagnostics_every=3")).fit()
+    rows = list(csv.DictReader(open(run / "steps.csv")))
+    logged = [int(r["step"]) for r in rows if r.get("diag/ap/true")]
+    assert logged == [1, 4, 7]  # global steps 0, 3, 6 before the update
+    assert all(0.0 <= float(r["diag/error/sup_ap"]) <= 1.0 for r in rows if r["diag/ap/true"])
+    with pytest.raises(ValueError, match="unknown"):
+        Trainer(tiny_config(tmp_path / "bad", "train.diagnostics=[nope]"))

@@ -35,6 +35,8 @@ def register(subparsers: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    import sys
+
     from rankopt.experiments.studies import StudyError, run_study
 
     try:
@@ -42,6 +44,6 @@ def run(args: argparse.Namespace) -> int:
                   quick=args.quick, extra_overrides=args.set, eval_split=args.eval_split, values=args.values,
                   from_run=args.from_run)
     except StudyError as err:
-        print(f"rankopt study: {err}")
+        print(f"rankopt study: {err}", file=sys.stderr)
         return 1
     return 0

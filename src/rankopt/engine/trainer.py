@@ -199,6 +199,12 @@ class Trainer:
 
         if cfg.train.best_metric not in cfg.eval.metrics:
             raise ValueError(f"train.best_metric={cfg.train.best_metric!r} is not in eval.metrics {cfg.eval.metrics}")
+        if cfg.train.diagnostics:
+            from rankopt.engine.diagnostics import DIAGNOSTICS
+
+            unknown = [d for d in cfg.train.diagnostics if d not in DIAGNOSTICS]
+            if unknown:
+                raise ValueError(f"train.diagnostics: unknown {unknown}; known: {', '.join(DIAGNOSTICS)}")
         self.cfg = cfg
         self.run_info = dict(run_info or {})
         info = init_distributed()  # one process unless launched by torchrun

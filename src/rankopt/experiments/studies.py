@@ -3,16 +3,12 @@ runner (:mod:`rankopt.experiments.runner`: one ``rankopt train`` process per run
 skipped, interrupted ones resumed), measures, and writes ``OUT/study.md`` (the table, the command,
 the machine, the date, the wall time), ``OUT/study.csv`` and ``OUT/*.png``; the runs live in ``OUT/runs/``.
 
-=======================  =============================================================  ==========
-study                    what                                                           paper
-=======================  =============================================================  ==========
-``batch_size``           SupAP vs ROADMAP at B = 32 ... 256, gain of the calibration    ROADMAP Fig. 5, TPAMI Fig. 6
-``lambda``               ROADMAP's weight λ of the calibration term (λ = 1: it alone)   ROADMAP Fig. 4a
-``rho``                  the slope ρ of SupRank's H⁻ above δ                            ROADMAP Fig. 4b / Eq. 4
-``decomposability_gap``  DG_AP on the test set at several B, SupAP vs ROADMAP           ROADMAP Table 10 / Eq. 6
-``approximation_error``  |surrogate AP - true AP| on the training batches over training Smooth-AP Fig. 4 / Eq. 8
-``operating_region``     fraction of score differences with |d| < δ(τ) vs B and τ       Smooth-AP supp. Fig. S7
-=======================  =============================================================  ==========
+* ``batch_size``: SupAP vs ROADMAP at B = 32 ... 256, the gain of the calibration term (ROADMAP Fig. 5, TPAMI Fig. 6);
+* ``lambda``: ROADMAP's weight λ of the calibration term, λ = 1 being it alone (ROADMAP Fig. 4a, Eq. 2);
+* ``rho``: the slope ρ of SupRank's H⁻ above δ (ROADMAP Fig. 4b, Eq. 4);
+* ``decomposability_gap``: DG_AP on the test set at several B, SupAP vs ROADMAP (ROADMAP Eq. 6, Table 10);
+* ``approximation_error``: |surrogate AP - true AP| on the training batches during training (Smooth-AP Eq. 8, Fig. 4);
+* ``operating_region``: the fraction of score differences with |d| < δ(τ) vs B and τ (Smooth-AP supp. Fig. S7).
 
 Honesty: the sweeps (``batch_size``, ``lambda``, ``rho``) choose hyper-parameters, so their runs
 evaluate on a class-disjoint validation split carved from the training classes
@@ -24,6 +20,7 @@ nothing: the decomposability gap is measured on the test split, as in the paper.
 from __future__ import annotations
 
 import csv
+import io
 import json
 import math
 import shlex
@@ -39,6 +36,7 @@ import torch
 
 from rankopt.config import ExperimentConfig
 from rankopt.experiments.runner import RunOutcome, RunSpec, run_grid
+from rankopt.files import write_text_atomic
 from rankopt.report.stats import Summary, summarize
 
 STUDY_METRICS = ("map@r", "recall@1")
@@ -54,7 +52,8 @@ BATCH_SIZES = (32, 64, 128, 256)
 LAMBDAS = (0.0, 0.1, 0.3, 0.5, 0.7, 0.9, 1.0)
 RHOS = (0.0, 1.0, 10.0, 100.0, 1000.0)
 GAP_BATCH_SIZES = (32, 64, 128, 256, 512)
-GAP_MODELS = {"sup_ap": "SupAP (no calibration)", "roadmap": "ROADMAP (SupAP + calibration)"}
+CALIBRATION_LOSSES = {"sup_ap": "SupAP (no calibration)", "roadmap": "ROADMAP (SupAP + calibration)"}
+"""ROADMAP without and with its calibration term (``batch_size`` and ``decomposability_gap``)."""
 DIAGNOSTICS_EVERY, QUICK_DIAGNOSTICS_EVERY = 10, 2
 EDGE_FRACTION = 0.2  # approximation_error: the first / last 20 % of the logged steps
 OPERATING_BATCH_SIZES = (32, 64, 128, 256, 512)
@@ -100,17 +99,19 @@ class Table:
         summary_cols = {i for row in self.rows for i, c in enumerate(row) if isinstance(c, Summary)}
         header = [h for i, col in enumerate(self.columns)
                   for h in ((f"{col} mean", f"{col} std", f"{col} n") if i in summary_cols else (col,))]
-        with open(path, "w", newline="", encoding="utf-8") as handle:
-            writer = csv.writer(handle)
-            writer.writerow(header)
-            for row in self.rows:
-                writer.writerow([v for i, c in enumerate(row) for v in _csv_values(c, i in summary_cols)])
-        return path
+        buffer = io.StringIO()
+        writer = csv.writer(buffer)
+        writer.writerow(header)
+        for row in self.rows:
+            writer.writerow([v for i, c in enumerate(row) for v in _csv_values(c, i in summary_cols)])
+        return write_text_atomic(path, buffer.getvalue())
 
 
 def _text(cell: Cell) -> str:
     if isinstance(cell, Summary):
-        return f"{cell.mean:.4g}" if cell.n < 2 else f"{cell.mean:.4g} ± {cell.std:.2g}"
+        if cell.n == 0:
+            return "–"
+        return f"{cell.mean:.4g}" if cell.n == 1 else f"{cell.mean:.4g} ± {cell.std:.2g}"
     if isinstance(cell, float):
         return "–" if math.isnan(cell) else f"{cell:.4g}"
     return "–" if cell is None else str(cell)
@@ -118,23 +119,19 @@ def _text(cell: Cell) -> str:
 
 def _csv_values(cell: Cell, summary_column: bool) -> list[object]:
     if isinstance(cell, Summary):
-        return [cell.mean, cell.std, cell.n]
+        return [cell.mean, cell.std, cell.n] if cell.n else ["", "", 0]
     value = "" if cell is None else cell
     return [value, "", ""] if summary_column else [value]
 
 
-def _summary(values: Sequence[float]) -> Summary | None:
-    """Mean ± std of the finite ``values`` (None when there is none)."""
+NO_VALUE = Summary(math.nan, math.nan, 0, math.nan, math.nan)
+"""The summary of no value (shown as ``–``)."""
+
+
+def _summary(values: Sequence[float]) -> Summary:
+    """Mean ± std (``ddof=1``) of the finite ``values``; :data:`NO_VALUE` when there is none."""
     finite = [float(v) for v in values if math.isfinite(v)]
-    return summarize(finite) if finite else None
-
-
-def _mean(cell: Summary | None) -> float:
-    return math.nan if cell is None else cell.mean
-
-
-def _std(cell: Summary | None) -> float:
-    return math.nan if cell is None else cell.std
+    return summarize(finite) if finite else NO_VALUE
 
 
 @dataclass
@@ -223,7 +220,8 @@ def _check_same_settings(spec: RunSpec, runs_dir: Path) -> None:
                          f"{' '.join(record.get('overrides') or [])}); use another --out or delete it")
 
 
-def _seeded(s: Settings, name: str, *overrides: str, defaults: Sequence[str] = (), tuned: bool = False) -> list[RunSpec]:
+def _seeded(s: Settings, name: str, *overrides: str, defaults: Sequence[str] = (),
+            tuned: bool = False) -> list[RunSpec]:
     """One run ``<name>-s<seed>`` per seed."""
     return [RunSpec(f"{name}-s{seed}", s.recipe, s.overrides(*overrides, f"train.seed={seed}", defaults=defaults,
                                                                   tuned=tuned)) for seed in s.seeds]
@@ -243,7 +241,7 @@ def _trained_metrics(run_dir: Path, s: Settings) -> dict[str, float]:
 
 
 def _split_description(run_dir: Path, split: str) -> str:
-    """``validation split (N images, K classes)`` from a run's ``report.json``."""
+    """What ``split`` is, with its images and classes per level (a run's ``report.json``)."""
     report = json.loads((run_dir / "report.json").read_text())
     data = report.get("data", {}).get("eval", {}).get(split, {})
     classes = ", ".join(f"{level} {n}" for level, n in data.get("classes", {}).items())
@@ -263,13 +261,14 @@ def _fmt(value: float) -> str:
 
 # ---------------------------------------------------------------- the sweeps
 
-def _sweep(s: Settings, *, param: str, symbol: str, key: str, loss: str, defaults: Sequence[float], title: str) -> Findings:
+def _sweep(s: Settings, *, param: str, symbol: str, key: str, loss: str, defaults: Sequence[float],
+           title: str) -> Findings:
     """Train ``loss`` at each value of ``key`` for every seed; table and figure of :data:`STUDY_METRICS`."""
     values = s.sweep_values(defaults)
     runs = s.train_groups({v: _seeded(s, f"{param}{_fmt(v)}", f"loss.name={loss}", f"{key}={v}", tuned=True)
                            for v in values})
     table = Table([symbol, *STUDY_METRICS, "seeds"])
-    stats: dict[str, list[Summary | None]] = {m: [] for m in STUDY_METRICS}
+    stats: dict[str, list[Summary]] = {m: [] for m in STUDY_METRICS}
     for v in values:
         metrics = [_trained_metrics(r, s) for r in runs[v]]
         cells = [_summary([m[name] for m in metrics]) for name in STUDY_METRICS]
@@ -278,8 +277,8 @@ def _sweep(s: Settings, *, param: str, symbol: str, key: str, loss: str, default
         table.rows.append([_fmt(v), *cells, len(metrics)])
     from rankopt.viz import plot_sweep
 
-    figure = plot_sweep(symbol, values, {m: [_mean(c) for c in stats[m]] for m in STUDY_METRICS},
-                        s.out_dir / f"{s.name}.png", errors={m: [_std(c) for c in stats[m]] for m in STUDY_METRICS},
+    figure = plot_sweep(symbol, values, {m: [c.mean for c in stats[m]] for m in STUDY_METRICS},
+                        s.out_dir / f"{s.name}.png", errors={m: [c.std for c in stats[m]] for m in STUDY_METRICS},
                         title_note=f"{s.recipe}, {s.eval_split} split")
     return Findings(title, _sweep_measured_on(s, runs[values[0]][0]), table, [figure])
 
@@ -317,13 +316,14 @@ def batch_size_study(s: Settings) -> Findings:
     (ROADMAP Fig. 5, TPAMI Fig. 6: the gain grows as B shrinks)."""
     sizes = [int(v) for v in s.sweep_values(BATCH_SIZES)]
     steps = _steps_for(s, sizes)
+    capped = {b: [f"train.max_steps_per_epoch={steps[b]}"] if steps[b] else [] for b in sizes}
     runs = s.train_groups({(loss, b): _seeded(s, f"bs{b}-{loss}", f"loss.name={loss}", f"train.batch_size={b}",
-                                              *([f"train.max_steps_per_epoch={steps[b]}"] if steps[b] else []), tuned=True)
-                           for b in sizes for loss in GAP_MODELS})
+                                              *capped[b], tuned=True)
+                           for b in sizes for loss in CALIBRATION_LOSSES})
     table = Table(["B", "steps/epoch"] + [f"{head} {m}" for m in STUDY_METRICS
                                           for head in ("SupAP", "ROADMAP", "gain", "gain %")])
     metrics = {key: [_trained_metrics(r, s) for r in group] for key, group in runs.items()}
-    series: dict[str, list[Summary | None]] = {}
+    series: dict[str, list[Summary]] = {}
     for b in sizes:
         row: list[Cell] = [b, steps[b] if steps[b] else "epoch"]
         for m in STUDY_METRICS:
@@ -331,7 +331,7 @@ def batch_size_study(s: Settings) -> Findings:
             road = [r[m] for r in metrics[("roadmap", b)]]
             cells = {"SupAP": _summary(sup), "ROADMAP": _summary(road),
                      "gain": _summary([r - p for r, p in zip(road, sup, strict=True)])}
-            relative = 100.0 * _mean(cells["gain"]) / _mean(cells["SupAP"]) if _mean(cells["SupAP"]) else math.nan
+            relative = 100.0 * cells["gain"].mean / cells["SupAP"].mean if cells["SupAP"].mean else math.nan
             row += [cells["SupAP"], cells["ROADMAP"], cells["gain"], relative]
             for head, cell in cells.items():
                 series.setdefault(f"{head} {m}", []).append(cell)
@@ -342,17 +342,17 @@ def batch_size_study(s: Settings) -> Findings:
     metric_keys = [f"{head} {m}" for m in STUDY_METRICS for head in ("SupAP", "ROADMAP")]
     gain_keys = [f"gain {m}" for m in STUDY_METRICS]
     figures = [
-        plot_sweep("batch size B", sizes, {k: [_mean(c) for c in series[k]] for k in metric_keys},
+        plot_sweep("batch size B", sizes, {k: [c.mean for c in series[k]] for k in metric_keys},
                    s.out_dir / "batch_size_metrics.png", log_x=True,
-                   errors={k: [_std(c) for c in series[k]] for k in metric_keys}, title_note=note),
-        plot_sweep("batch size B", sizes, {k: [_mean(c) for c in series[k]] for k in gain_keys},
+                   errors={k: [c.std for c in series[k]] for k in metric_keys}, title_note=note),
+        plot_sweep("batch size B", sizes, {k: [c.mean for c in series[k]] for k in gain_keys},
                    s.out_dir / "batch_size_gain.png", log_x=True, baselines={"no gain": 0.0},
-                   errors={k: [_std(c) for c in series[k]] for k in gain_keys}, ylabel="ROADMAP - SupAP",
+                   errors={k: [c.std for c in series[k]] for k in gain_keys}, ylabel="ROADMAP - SupAP",
                    title_note=note),
     ]
     first = runs[("sup_ap", sizes[0])][0]
-    return Findings("SupAP vs ROADMAP across batch sizes: the gain of the calibration term (ROADMAP Fig. 5, TPAMI Fig. 6)",
-                    _sweep_measured_on(s, first), table, figures,
+    return Findings("SupAP vs ROADMAP across batch sizes: the gain of the calibration term "
+                    "(ROADMAP Fig. 5, TPAMI Fig. 6)", _sweep_measured_on(s, first), table, figures,
                     notes=["gain = ROADMAP - SupAP per seed (paired); gain % = 100 · mean gain / mean SupAP."])
 
 
@@ -374,11 +374,13 @@ def _untrained(cfg: ExperimentConfig, seed: int) -> torch.nn.Module:
 
 def _embed(model: torch.nn.Module, cfg: ExperimentConfig, split: str) -> tuple[torch.Tensor, torch.Tensor]:
     """Embeddings and labels of the training split (``split="train"``: the one the run trained on) or of
-    the first evaluation split (``"eval"``), always with the test transform."""
+    the evaluation split (``"eval"``, self-retrieval only), always with the test transform."""
     from rankopt.engine.evaluation import embed_dataset
     from rankopt.engine.trainer import build_datasets, build_transforms
 
     train_ds, evals = build_datasets(cfg, train=split == "train")
+    if split != "train" and len(evals) != 1:
+        raise ValueError(f"{cfg.data.name}: evaluation splits {list(evals)}; this study needs one self-retrieval split")
     dataset = train_ds if split == "train" else next(iter(evals.values()))
     test_tf = build_transforms(cfg)[1]
     batch_tf = test_tf if cfg.data.batch_transform else None
@@ -398,12 +400,13 @@ def decomposability_gap_study(s: Settings) -> Findings:
     from rankopt.metrics import decomposability_gap, evaluate
 
     sizes = [int(v) for v in s.sweep_values(GAP_BATCH_SIZES)]
-    runs = s.train_groups({loss: _seeded(s, loss, f"loss.name={loss}") for loss in GAP_MODELS})
-    gaps: dict[str, list[list[float]]] = {"untrained": [], **{loss: [] for loss in GAP_MODELS}}
+    runs = s.train_groups({loss: _seeded(s, loss, f"loss.name={loss}") for loss in CALIBRATION_LOSSES})
+    gaps: dict[str, list[list[float]]] = {"untrained": [], **{loss: [] for loss in CALIBRATION_LOSSES}}
     whole: dict[str, list[float]] = {name: [] for name in gaps}
     test_size = 0
     for i, seed in enumerate(s.seeds):
-        loaded = {loss: model_from_checkpoint(runs[loss][i] / TRAINED_CHECKPOINT, _device()) for loss in GAP_MODELS}
+        loaded = {loss: model_from_checkpoint(runs[loss][i] / TRAINED_CHECKPOINT, _device())
+                  for loss in CALIBRATION_LOSSES}
         cfg = loaded["sup_ap"][1]
         cfg = replace(cfg, data=replace(cfg.data, validation_fraction=0.0))  # the test split, whatever the run used
         models = {"untrained": _untrained(cfg, seed), **{loss: model for loss, (model, _) in loaded.items()}}
@@ -416,15 +419,15 @@ def decomposability_gap_study(s: Settings) -> Findings:
     table = Table(["model", "AP (whole test set)", *[f"DG@{b}" for b in sizes]])
     cells = {name: [_summary([g[j] for g in gaps[name]]) for j in range(len(sizes))] for name in gaps}
     for name in gaps:
-        table.rows.append([GAP_MODELS.get(name, name), _summary(whole[name]), *cells[name]])
-    sup, road = ([_mean(c) for c in cells[n]] for n in GAP_MODELS)
+        table.rows.append([CALIBRATION_LOSSES.get(name, name), _summary(whole[name]), *cells[name]])
+    sup, road = ([c.mean for c in cells[n]] for n in CALIBRATION_LOSSES)
     table.rows.append(["decrease of DG, SupAP -> ROADMAP (%)", None,
                        *[100.0 * (a - b) / a if a else math.nan for a, b in zip(sup, road, strict=True)]])
     from rankopt.viz import plot_decomposability_gap
 
-    figure = plot_decomposability_gap(sizes, {n: [_mean(c) for c in cells[n]] for n in gaps},
+    figure = plot_decomposability_gap(sizes, {n: [c.mean for c in cells[n]] for n in gaps},
                                       s.out_dir / "decomposability_gap.png",
-                                      errors={n: [_std(c) for c in cells[n]] for n in gaps},
+                                      errors={n: [c.std for c in cells[n]] for n in gaps},
                                       title_note=f"{s.recipe}, test split")
     notes = [f"batch sizes above the {test_size} test images are left out (–)."] if max(sizes) > test_size else []
     return Findings(
@@ -453,14 +456,14 @@ def approximation_error_study(s: Settings) -> Findings:
     for run, folder in zip(runs, folders, strict=True):
         steps = folder.steps
         if steps is None or "diag/ap/true" not in steps:
-            raise ValueError(f"{run / 'steps.csv'} has no diag/ columns: the trainer did not log the surrogate_ap diagnostic")
+            raise ValueError(f"{run / 'steps.csv'} has no diag/ columns: the trainer did not log the "
+                             "surrogate_ap diagnostic")
         logged = np.isfinite(steps["diag/ap/true"])
         per_seed.append({"step": steps["step"][logged], "true": steps["diag/ap/true"][logged],
                          **{n: steps[f"diag/error/{n}"][logged] for n in SURROGATES}})
     count = min(len(p["step"]) for p in per_seed)
     edge = max(1, round(EDGE_FRACTION * count))
-    table = Table(["surrogate", f"mean |error|, first {EDGE_FRACTION:.0%} of steps",
-                   f"mean |error|, last {EDGE_FRACTION:.0%} of steps"])
+    table = Table(["surrogate", f"first {EDGE_FRACTION:.0%} of steps", f"last {EDGE_FRACTION:.0%} of steps"])
     for name in ("true", *SURROGATES):
         first = _summary([float(np.mean(p[name][:edge])) for p in per_seed])
         last = _summary([float(np.mean(p[name][count - edge : count])) for p in per_seed])
@@ -468,14 +471,15 @@ def approximation_error_study(s: Settings) -> Findings:
     from rankopt.viz import plot_approximation_error
 
     loss = folders[0].report.get("loss", {}).get("name", "?")
-    figure = plot_approximation_error(per_seed[0]["step"][:count],
-                                      {n: np.mean([p[n][:count] for p in per_seed], axis=0).tolist() for n in SURROGATES},
-                                      s.out_dir / "approximation_error.png", title_note=f"{s.recipe}, trained with {loss}")
+    mean_errors = {n: np.mean([p[n][:count] for p in per_seed], axis=0).tolist() for n in SURROGATES}
+    figure = plot_approximation_error(per_seed[0]["step"][:count], mean_errors, s.out_dir / "approximation_error.png",
+                                      title_note=f"{s.recipe}, trained with {loss}")
     return Findings(
         "AP approximation error of the surrogates during training (Smooth-AP Fig. 4, Eq. 8)",
         f"the training batches of a model trained with {loss} (embeddings detached), every "
-        f"{folders[0].setting('train.diagnostics_every', '?')} steps ({count} logged steps); AP_pred = 1 - loss value; "
-        f"mean ± std over seeds {', '.join(map(str, s.seeds))}",
+        f"{folders[0].setting('train.diagnostics_every', '?')} steps ({count} logged steps): the mean of "
+        f"|AP_pred - AP| over the first and the last logged steps, AP_pred = 1 - loss value (the first row: the "
+        f"true batch AP itself); mean ± std over seeds {', '.join(map(str, s.seeds))}",
         table, [figure])
 
 
@@ -497,13 +501,16 @@ def operating_fractions(embeddings: torch.Tensor, labels: torch.Tensor, batches:
 
 
 def _operating_batches(labels: torch.Tensor, batch_size: int, m: int, seed: int, count: int) -> list[np.ndarray]:
-    """The first ``count`` m-per-class batches of epoch 0 (empty when the split has too few classes)."""
+    """The first ``count`` m-per-class batches of epoch 0 (none when fewer than ``batch_size / m`` classes
+    have ``m`` images)."""
     from rankopt.data import build_batch_sampler
 
-    try:
-        sampler = build_batch_sampler("m_per_class", labels.numpy(), batch_size=batch_size, m=m, seed=seed)
-    except ValueError:
+    if batch_size % m:
+        raise ValueError(f"batch size {batch_size} is not a multiple of train.m = {m}")
+    sizes = np.unique(labels[:, 0].numpy(), return_counts=True)[1]
+    if int((sizes >= m).sum()) < batch_size // m:
         return []
+    sampler = build_batch_sampler("m_per_class", labels.numpy(), batch_size=batch_size, m=m, seed=seed)
     return sampler.global_batches(0)[:count]
 
 
@@ -515,7 +522,8 @@ def operating_region_study(s: Settings) -> Findings:
     from rankopt.engine.trainer import model_from_checkpoint
 
     sizes = [int(v) for v in s.sweep_values(OPERATING_BATCH_SIZES)]
-    run = s.from_run or s.train(_seeded(replace(s, seeds=s.seeds[:1]), "smooth_ap", defaults=("loss.name=smooth_ap",)))[0]
+    run = s.from_run or s.train(_seeded(replace(s, seeds=s.seeds[:1]), "smooth_ap",
+                                        defaults=("loss.name=smooth_ap",)))[0]
     trained, cfg = model_from_checkpoint(run / TRAINED_CHECKPOINT, _device())
     count = QUICK_OPERATING_BATCHES if s.quick else OPERATING_BATCHES
     similarity = str(cfg.loss.kwargs.get("similarity", "cosine"))
@@ -535,7 +543,7 @@ def operating_region_study(s: Settings) -> Findings:
             cells = [_summary(values[:, j]) for j in range(len(taus))]
             table.rows.append([name, b, len(batches), *cells])
             for tau, cell in zip(taus, cells, strict=True):
-                by_tau[tau].append(_mean(cell))
+                by_tau[tau].append(cell.mean)
     from rankopt.viz import plot_operating_region
 
     figure = plot_operating_region(sizes, fractions, s.out_dir / "operating_region.png", title_note=s.recipe)
@@ -581,7 +589,8 @@ def _machine() -> str:
 
     info = machine_info(_device())
     device = info.get("gpu") or info["device"]
-    return f"{info['platform']}, {info['cpu_count']} CPUs, Python {info['python']}, torch {info['torch']}, device {device}"
+    return (f"{info['platform']}, {info['cpu_count']} CPUs, Python {info['python']}, torch {info['torch']}, "
+            f"device {device}")
 
 
 def _write_markdown(s: Settings, findings: Findings, seconds: float) -> Path:
@@ -593,9 +602,7 @@ def _write_markdown(s: Settings, findings: Findings, seconds: float) -> Path:
               f"- date: {datetime.now(timezone.utc).strftime('%Y-%m-%d %H:%M UTC')}",
               f"- wall time: {seconds:.0f} s (this invocation; finished runs are reused)",
               f"- runs: `{s.runs_dir}`" + (" (quick settings: not a result)" if s.quick else ""), ""]
-    path = s.out_dir / "study.md"
-    path.write_text("\n".join(lines), encoding="utf-8")
-    return path
+    return write_text_atomic(s.out_dir / "study.md", "\n".join(lines))
 
 
 def run_study(
@@ -628,7 +635,8 @@ def run_study(
     if from_run is not None and name != "operating_region":
         raise ValueError("from_run applies to the operating_region study only")
     if from_run is not None and not (Path(from_run) / TRAINED_CHECKPOINT).is_file():
-        raise FileNotFoundError(f"{Path(from_run) / TRAINED_CHECKPOINT} does not exist (from_run must be a trained run folder)")
+        raise FileNotFoundError(f"{Path(from_run) / TRAINED_CHECKPOINT} does not exist "
+                                "(from_run must be a trained run folder)")
     settings = Settings(
         name=name, recipe=recipe, root=str(Path(root).resolve()) if root else None,
         out_dir=Path(out_dir) if out_dir is not None else default_out_dir(name, quick),

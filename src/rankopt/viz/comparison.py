@@ -9,6 +9,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+import matplotlib
 import numpy as np
 from matplotlib.axes import Axes
 from matplotlib.ticker import MaxNLocator
@@ -76,21 +77,28 @@ def plot_learning_curves_by_group(
     panels = {key: c for key, c in curves.items() if any(v is not None for v in c.values())}
     if not panels:
         raise ValueError(f"no run has any of {keys} in its history")
-    fig = new_figure(PANEL_INCHES[0] * len(panels), PANEL_INCHES[1])
-    colours = {g: f"C{i % 10}" for i, g in enumerate(histories)}
+    legend_inches = 2.4
+    width = PANEL_INCHES[0] * len(panels) + legend_inches
+    fig = new_figure(width, PANEL_INCHES[1])
+    palette = matplotlib.colormaps["tab20" if len(histories) > 10 else "tab10"]
+    colours = {g: palette(i % palette.N) for i, g in enumerate(histories)}  # distinct for up to 20 groups
+    styles = {g: ("-", "--", ":")[i // palette.N % 3] for i, g in enumerate(histories)}
     axes = fig.subplots(1, len(panels), squeeze=False, sharex=True)[0]  # the same epochs in every panel
     for ax, (key, by_group) in zip(axes, panels.items(), strict=True):
         for group, curve in by_group.items():
             if curve is None:
                 continue
-            ax.plot(curve.x, curve.mean, marker="o", markersize=3, color=colours[group], label=f"{group} ({curve.runs})")
+            ax.plot(curve.x, curve.mean, marker="o", markersize=3, color=colours[group], linestyle=styles[group],
+                    label=f"{group} ({curve.runs})")
             ax.fill_between(curve.x, curve.mean - curve.std, curve.mean + curve.std, color=colours[group], alpha=0.18, linewidth=0)
         ax.set(xlabel="epoch", ylabel=key)
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.set_title(titled(f"training {key}" if key == loss_key else key, title_note), fontsize=10)
         ax.grid(alpha=0.3)
-    fig.axes[0].legend(fontsize=7, title="group (runs)", title_fontsize=7)
-    fig.tight_layout()
+    right = 1.0 - legend_inches / width  # the legend gets its own column right of the panels
+    fig.legend(*axes[0].get_legend_handles_labels(), fontsize=7, title="group (runs)", title_fontsize=7,
+               loc="center left", bbox_to_anchor=(right, 0.5))
+    fig.tight_layout(rect=(0.0, 0.0, right, 1.0))
     return save_figure(fig, out_path)
 
 

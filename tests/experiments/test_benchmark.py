@@ -14,19 +14,29 @@ from rankopt.experiments.benchmark import LOSSES, benchmark_specs, select_learni
 from rankopt.experiments.runner import RunOutcome
 
 
-def test_benchmark_grid_is_every_loss_times_every_seed():
-    specs = benchmark_specs("omniglot", root="/data/omniglot", seeds=(0, 1))
+def test_benchmark_grid_is_every_loss_times_every_seed(tmp_path):
+    root = str(tmp_path)
+    specs = benchmark_specs("omniglot", root=root, seeds=(0, 1))
     assert [s.name for s in specs[:3]] == ["smooth_ap-s0", "smooth_ap-s1", "sup_ap-s0"]
     assert len(specs) == 2 * len(LOSSES) == 28
     assert {s.recipe for s in specs} == {"omniglot"}
     assert "loss.name=roadmap" in specs[4].overrides and "train.seed=0" in specs[4].overrides
-    assert all("data.root=/data/omniglot" in s.overrides for s in specs)
+    assert all(f"data.root={root}" in s.overrides for s in specs)
     quick = benchmark_specs("omniglot", losses=["fastap"], seeds=(3,), quick=True)
     assert len(quick) == 1 and "data.kwargs.alphabets=4" in quick[0].overrides
     with pytest.raises(ValueError, match="unknown benchmark loss"):
         benchmark_specs("omniglot", losses=["nope"])
     with pytest.raises(ValueError, match="unknown benchmark"):
         benchmark_specs("mnist")
+
+
+def test_a_missing_dataset_folder_is_a_clear_error_before_any_run(tmp_path):
+    from rankopt.cli import main
+
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        benchmark_specs("omniglot", root=str(tmp_path / "nope"))
+    assert main(["benchmark", "omniglot", "--root", str(tmp_path / "nope"), "--out", str(tmp_path / "out")]) == 1
+    assert not (tmp_path / "out").exists()
 
 
 def test_tuning_runs_only_on_the_validation_split():

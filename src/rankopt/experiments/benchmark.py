@@ -66,6 +66,8 @@ def _common(benchmark: str, root: str | None, quick: bool, extra: Sequence[str])
     """The benchmark's recipe and the overrides every one of its runs shares."""
     if benchmark not in BENCHMARKS:
         raise ValueError(f"unknown benchmark {benchmark!r}; known: {', '.join(BENCHMARKS)}")
+    if root is not None and not Path(root).expanduser().exists():
+        raise FileNotFoundError(f"benchmark {benchmark!r}: dataset folder {root!r} does not exist")
     recipe, quick_overrides = BENCHMARKS[benchmark]
     return recipe, ((f"data.root={root}",) if root else ()) + (quick_overrides if quick else ()) + tuple(extra)
 

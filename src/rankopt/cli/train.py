@@ -25,13 +25,19 @@ def register(subparsers: Any) -> None:
     parser.set_defaults(func=run)
 
 
+def recipe_and_overrides(args: argparse.Namespace) -> tuple[str | None, list[str]]:
+    """The recipe given (``None``: none) and the overrides; ``rankopt train key=value ...`` names no recipe."""
+    recipe, overrides = args.recipe, list(args.overrides)
+    if recipe is not None and "=" in recipe:
+        recipe, overrides = None, [recipe, *overrides]
+    return recipe, overrides
+
+
 def resolve_config(args: argparse.Namespace) -> Any:
     """The config of ``args``: recipe (or, when resuming without one, the checkpoint's) + overrides + flags."""
     from rankopt.config import apply_overrides, load_config
 
-    recipe, overrides = args.recipe, list(args.overrides)
-    if recipe is not None and "=" in recipe:  # `rankopt train key=value ...`: no recipe given
-        recipe, overrides = None, [recipe, *overrides]
+    recipe, overrides = recipe_and_overrides(args)
     output = args.output
     if args.resume and args.resume != "auto" and recipe is None:
         from rankopt.engine.checkpoint import load_checkpoint
@@ -68,9 +74,7 @@ def run(args: argparse.Namespace) -> int:
 
     from rankopt.engine.trainer import Trainer
 
-    recipe, overrides = args.recipe, list(args.overrides)
-    if recipe is not None and "=" in recipe:
-        recipe, overrides = None, [recipe, *overrides]
+    recipe, overrides = recipe_and_overrides(args)
     info = {"recipe": recipe or ("(checkpoint)" if args.resume and args.resume != "auto" else "default"),
             "overrides": overrides, "command": "rankopt " + " ".join(sys.argv[1:])}
     Trainer(cfg, run_info=info).fit()

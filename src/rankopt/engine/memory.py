@@ -120,7 +120,8 @@ class CrossBatchMemory(nn.Module):
         """``L_batch + weight * L_mem`` (module docstring); ``L_batch`` alone during the warm-up or while empty.
 
         The unweighted terms are recorded as ``batch`` and ``memory`` (``rankopt.losses.terms``), a
-        composite loss's own terms under ``batch/`` and ``memory/``. Does not enqueue: call :meth:`enqueue` after the loss. ``loss_fn`` must have
+        composite loss's own terms under ``batch/`` and ``memory/``. Does not enqueue: call
+        :meth:`enqueue` after the loss. ``loss_fn`` must have
         ``accepts_reference = True``.
         """
         if not getattr(loss_fn, "accepts_reference", False):

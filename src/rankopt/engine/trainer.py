@@ -49,10 +49,10 @@ from rankopt.engine import run_folder
 from rankopt.engine.distributed import average_gradients
 from rankopt.engine.evaluation import EmbeddedSplit, autocast_context, embed_dataset, evaluate_model
 from rankopt.engine.logging import RunLogger, echo, format_table, progress, write_csv_atomic
+from rankopt.engine.optim import build_optimizer, build_scheduler, model_param_groups
 from rankopt.files import write_text_atomic
 from rankopt.losses import terms
 from rankopt.rank.differences import difference_summary, score_differences
-from rankopt.engine.optim import build_optimizer, build_scheduler, model_param_groups
 
 _MAX_PATHS_SHOWN = 8
 STEPS_CSV = "steps.csv"
@@ -136,13 +136,10 @@ def build_datasets(cfg: ExperimentConfig, *, train: bool = True) -> tuple[Datase
         from rankopt.data.splits import carve_validation
 
         carve = {"fraction": d.validation_fraction, "level": d.validation_level, "seed": d.validation_seed}
-        full = build_dataset(d.name, d.root, d.train_split, transform=test_tf, **d.kwargs)
-        _, validation = carve_validation(full, **carve)
-        train_ds = None
-        if train:
-            full.transform = train_tf
-            train_ds = carve_validation(full, **carve)[0]
-        return train_ds, {"validation": validation}
+        full = build_dataset(d.name, d.root, d.train_split, **d.kwargs)
+        train_part, validation = carve_validation(full, **carve)
+        train_part.transform, validation.transform = train_tf, test_tf
+        return (train_part if train else None), {"validation": validation}
     train_ds = build_dataset(d.name, d.root, d.train_split, transform=train_tf, **d.kwargs) if train else None
     same = d.eval_name is None or d.eval_name == d.name
     name, root, kwargs = (d.name, d.eval_root or d.root, d.kwargs) if same else (d.eval_name, d.eval_root, {})

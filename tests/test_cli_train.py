@@ -16,7 +16,7 @@ from PIL import Image
 from rankopt.cli import main
 from rankopt.config import config_to_dict, list_recipes, load_config
 from rankopt.engine.checkpoint import save_checkpoint
-from rankopt.engine.trainer import build_model
+from rankopt.engine.assembly import build_model
 
 SMALL_SYNTHETIC = ["data.kwargs.images_per_class=4", "model.backbone=convnet_tiny", "model.embedding_dim=16",
                    "eval.batch_size=200"]
@@ -96,7 +96,7 @@ def test_evaluate_and_embed_agree(checkpoint, tmp_path, capsys):
     # the embeddings are the model's outputs on the test transform
     from rankopt.data import build_dataset
     from rankopt.data.transforms import build_transform
-    from rankopt.engine.trainer import model_from_checkpoint
+    from rankopt.engine.assembly import model_from_checkpoint
 
     model, cfg = model_from_checkpoint(checkpoint)
     ds = build_dataset("synthetic", None, "test", transform=build_transform("synthetic_test"), images_per_class=4)

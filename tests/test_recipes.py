@@ -14,7 +14,7 @@ from rankopt.config import list_recipes, load_recipe
 from rankopt.data import dataset_spec
 from rankopt.data.transforms import build_transform
 from rankopt.engine.optim import build_optimizer, build_scheduler, model_param_groups
-from rankopt.engine.trainer import build_loss, build_model, build_sampler
+from rankopt.engine.assembly import build_loss, build_model, build_sampler
 
 PAPER_RECIPES = {
     "roadmap_sop_resnet50", "roadmap_cub_resnet50", "roadmap_inat_resnet50", "roadmap_sop_deit", "roadmap_cub_deit",

@@ -1,9 +1,13 @@
-"""Atomic file writes: a reader never sees a half-written file (temporary file, then ``os.replace``)."""
+"""Files: atomic writes (a reader never sees a half-written file) and safe reading of ``.npy`` arrays."""
 
 from __future__ import annotations
 
 import os
 from pathlib import Path
+
+import numpy as np
+
+NPY_MAGIC = b"\x93NUMPY"
 
 
 def write_text_atomic(path: str | os.PathLike[str], text: str) -> Path:
@@ -19,3 +23,34 @@ def write_text_atomic(path: str | os.PathLike[str], text: str) -> Path:
         tmp.unlink(missing_ok=True)
         raise
     return path
+
+
+def read_npy(path: str | os.PathLike[str], what: str = "array") -> np.ndarray:
+    """A numeric array from a ``.npy`` file, never unpickling; clear errors for other files.
+
+    A file that does not start with the ``.npy`` magic bytes is "not a NumPy array file" (a text
+    or CSV file renamed ``.npy``, say); an object array (pickled Python objects) is refused.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"{what} file {str(path)!r} does not exist")
+    with open(path, "rb") as fh:
+        head = fh.read(len(NPY_MAGIC))
+    if head != NPY_MAGIC:
+        kind = "it is empty" if not head else f"it starts with {head!r}"
+        raise ValueError(f"{what} file {str(path)!r} is not a NumPy array file (.npy): {kind}. "
+                         "Write arrays with numpy.save (a text file: numpy.loadtxt, then numpy.save)")
+    try:
+        with open(path, "rb") as fh:
+            major, _ = np.lib.format.read_magic(fh)
+            read_header = np.lib.format.read_array_header_1_0 if major == 1 else np.lib.format.read_array_header_2_0
+            _, _, dtype = read_header(fh)  # the header only, not the data
+    except ValueError as err:
+        raise ValueError(f"{what} file {str(path)!r} is a damaged .npy file: {err}") from None
+    if dtype.hasobject:
+        raise ValueError(f"{what} file {str(path)!r} holds Python objects (dtype=object), not numbers; "
+                         "rankopt reads numeric arrays only and never unpickles")
+    try:
+        return np.load(path, allow_pickle=False)
+    except ValueError as err:
+        raise ValueError(f"{what} file {str(path)!r} is a damaged .npy file: {err}") from None

@@ -224,7 +224,7 @@ def test_every_registered_loss_builds_from_a_config_and_trains(name):
     """build_loss fills the data arguments of proxy losses (finest count, or one count per level
     for the Σ losses) and the loss gives a finite value and a gradient on 3-level labels."""
     from rankopt import losses
-    from rankopt.engine.trainer import build_loss
+    from rankopt.engine.assembly import build_loss
 
     cfg = load_config(None, [f"loss.name={name}"])
     fine = torch.arange(12).repeat_interleave(4)
@@ -302,7 +302,7 @@ def test_resumed_step_log_equals_the_uninterrupted_one(tmp_path, tiny_data, monk
 def test_validation_split_replaces_the_evaluation_splits(omniglot):
     """data.validation_fraction carves held-out alphabets from the training split: class-disjoint from
     the training part, and the test alphabets are not evaluated."""
-    from rankopt.engine.trainer import build_datasets
+    from rankopt.engine.assembly import build_datasets
 
     cfg = load_config("omniglot", [f"data.root={omniglot}", "data.validation_fraction=0.2"])
     train, evals = build_datasets(cfg)

@@ -22,7 +22,6 @@ from rankopt.experiments.studies import (
     QUICK_OVERRIDES,
     STUDIES,
     Settings,
-    StudyError,
     Table,
     operating_fractions,
     run_study,
@@ -230,7 +229,7 @@ def test_approximation_error_table_from_steps_csv(tmp_path):
 def test_decomposability_gap_table_from_hand_made_checkpoints(omniglot, tmp_path):
     from rankopt.config import config_to_dict
     from rankopt.engine.checkpoint import save_checkpoint
-    from rankopt.engine.trainer import build_model, seed_everything
+    from rankopt.engine.assembly import build_model, seed_everything
 
     cfg = load_config("omniglot", [f"data.root={omniglot}", "data.kwargs.alphabets=1"])
     for loss, init_seed in (("sup_ap", 0), ("roadmap", 1)):  # "sup_ap" holds the untrained model of seed 0

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 
 import numpy as np
 import pytest
@@ -252,3 +253,44 @@ def test_cli_query_ref_index(tmp_path, capsys):
     np.save(files["i"], np.array([0.5, 1, 2, 3]))
     assert main([*base, "--query-embeddings", files["q"], "--query-labels", files["ql"], "--query-ref-index", files["i"]]) == 1
     assert "integer" in capsys.readouterr().err
+
+
+def test_chunked_topk_matches_the_full_sort_in_any_chunking():
+    from rankopt.metrics.search import chunked_topk
+    from rankopt.similarity import pairwise
+
+    gen = torch.Generator().manual_seed(3)
+    query, ref = torch.randn(37, 8, generator=gen, dtype=torch.float64), torch.randn(53, 8, generator=gen, dtype=torch.float64)
+    full = pairwise(query, ref, "cosine")
+    expected_values, expected_indices = full.sort(dim=1, descending=True)
+    for chunk in (1, 5, 37, None):
+        values, indices = chunked_topk(query, ref, 7, chunk_size=chunk)
+        assert torch.equal(indices, expected_indices[:, :7])
+        assert torch.allclose(values, expected_values[:, :7])
+    # self-retrieval: each query's own row is excluded by index, so k is capped at N - 1
+    values, indices = chunked_topk(query, None, 100, chunk_size=4)
+    assert indices.shape == (37, 36)
+    assert not (indices == torch.arange(37).unsqueeze(1)).any()
+    own = pairwise(query, query, "cosine").fill_diagonal_(float("-inf")).sort(dim=1, descending=True)
+    assert torch.equal(indices, own.indices[:, :36])
+    with pytest.raises(ValueError, match="k >= 1"):
+        chunked_topk(query, ref, 0)
+
+
+def test_evaluate_embeddings_names_a_file_that_is_not_an_npy_array(tmp_path, capsys):
+    text = tmp_path / "E.npy"
+    text.write_text("0.1 0.2\n0.3 0.4\n")
+    labels = tmp_path / "L.npy"
+    np.save(labels, np.array([0, 1]))
+    objects = tmp_path / "O.npy"
+    np.save(objects, np.array([{"a": 1}, None], dtype=object), allow_pickle=True)
+    expected = {
+        str(text): r"E\.npy' is not a NumPy array file \(\.npy\): it starts with b'0\.1",
+        str(objects): r"O\.npy' holds Python objects .* never unpickles",
+        str(tmp_path / "missing.npy"): r"missing\.npy' does not exist",
+    }
+    for embeddings, message in expected.items():
+        assert main(["evaluate-embeddings", "--embeddings", embeddings, "--labels", str(labels)]) == 1
+        err = capsys.readouterr().err
+        assert re.search(message, err), err
+        assert "pickled data" not in err

@@ -64,7 +64,7 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError("use either --images DIR or --dataset/--split, not both")
     if args.images is not None:
         from rankopt.data.transforms import build_transform
-        from rankopt.engine.trainer import model_from_checkpoint, resolve_device
+        from rankopt.engine.assembly import model_from_checkpoint, resolve_device
 
         device = resolve_device(args.device)
         model, cfg = model_from_checkpoint(args.checkpoint, device)

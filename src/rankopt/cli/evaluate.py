@@ -21,7 +21,7 @@ def add_model_data_arguments(parser: argparse.ArgumentParser) -> None:
 
 def load_for_inference(args: argparse.Namespace, splits: list[str] | None) -> tuple[Any, Any, dict[str, Any], Any, Any]:
     """(model, config, {split: dataset}, device, batch transform or None) for ``args``, with the test transform."""
-    from rankopt.engine.trainer import build_datasets, build_transforms, model_from_checkpoint, resolve_device
+    from rankopt.engine.assembly import build_datasets, build_transforms, model_from_checkpoint, resolve_device
 
     device = resolve_device(args.device)
     model, cfg = model_from_checkpoint(args.checkpoint, device)

@@ -36,7 +36,9 @@ def _load(path: str, what: str) -> Any:
     import numpy as np
     import torch
 
-    array = np.load(path, allow_pickle=False)
+    from rankopt.files import read_npy
+
+    array = read_npy(path, what)
     if array.ndim == 0 or array.shape[0] == 0:
         raise ValueError(f"{what} file {path} has 0 rows")
     return torch.from_numpy(np.ascontiguousarray(array))

@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 import pickle
 import random
+import re
 import tempfile
 from collections.abc import Mapping
 from pathlib import Path
@@ -55,12 +56,29 @@ def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") 
         raise FileNotFoundError(f"checkpoint {str(path)!r} does not exist")
     try:
         state = torch.load(path, map_location=map_location, weights_only=True)
-    except (pickle.UnpicklingError, RuntimeError, EOFError) as err:
+    except pickle.UnpicklingError as err:
+        raise ValueError(_refused_message(path, str(err))) from None
+    except (RuntimeError, EOFError) as err:
         first = str(err).splitlines()[0] if str(err) else type(err).__name__
-        raise ValueError(f"cannot load checkpoint {str(path)!r} safely (weights-only): {first}") from None
+        raise ValueError(f"cannot read checkpoint {str(path)!r}: {first} (truncated, or not written by torch.save?)") from None
     if not isinstance(state, dict):
         raise ValueError(f"checkpoint {str(path)!r} holds a {type(state).__name__}, not a dict")
     return state
+
+
+def _refused_message(path: Path, torch_message: str) -> str:
+    """Why a checkpoint with pickled Python objects is refused, and how to convert one the user trusts."""
+    found = re.search(r"GLOBAL ([\w.]+)", torch_message)
+    what = f" (it refers to {found.group(1)})" if found else ""
+    return (
+        f"checkpoint {str(path)!r} holds pickled Python objects beyond tensors, numbers, strings and "
+        f"containers{what}. rankopt never unpickles checkpoints: it loads them weights-only, so that opening "
+        "a file cannot run code. If you trust this file, convert it once to plain values, e.g.\n"
+        "  python -c \"import torch; s = torch.load('IN.ckpt', weights_only=False); "
+        "m = s['model']; torch.save({'model': m.state_dict() if hasattr(m, 'state_dict') else dict(m), "
+        "'config': dict(s['config'])}, 'OUT.ckpt')\"\n"
+        "(a rankopt checkpoint holds 'model': a state dict of tensors, and 'config': the run's config as a plain dict)"
+    )
 
 
 def resolve_resume(resume: str, run_dir: str | Path) -> Path | None:

@@ -359,14 +359,14 @@ def batch_size_study(s: Settings) -> Findings:
 # ---------------------------------------------------------------- measuring models
 
 def _device() -> torch.device:
-    from rankopt.engine.trainer import resolve_device
+    from rankopt.engine.assembly import resolve_device
 
     return resolve_device("auto")
 
 
 def _untrained(cfg: ExperimentConfig, seed: int) -> torch.nn.Module:
     """The recipe's model as initialised with ``seed`` (eval mode)."""
-    from rankopt.engine.trainer import build_model, seed_everything
+    from rankopt.engine.assembly import build_model, seed_everything
 
     seed_everything(seed)
     return build_model(cfg).to(_device()).eval()
@@ -376,7 +376,7 @@ def _embed(model: torch.nn.Module, cfg: ExperimentConfig, split: str) -> tuple[t
     """Embeddings and labels of the training split (``split="train"``: the one the run trained on) or of
     the evaluation split (``"eval"``, self-retrieval only), always with the test transform."""
     from rankopt.engine.evaluation import embed_dataset
-    from rankopt.engine.trainer import build_datasets, build_transforms
+    from rankopt.engine.assembly import build_datasets, build_transforms
 
     train_ds, evals = build_datasets(cfg, train=split == "train")
     if split != "train" and len(evals) != 1:
@@ -396,7 +396,7 @@ def decomposability_gap_study(s: Settings) -> Findings:
     sizes :data:`GAP_BATCH_SIZES` (random batches, ``rankopt.metrics.decomposability_gap``) for SupAP
     and ROADMAP models (last checkpoint) and the untrained model, with the relative decrease
     ``100 (DG_SupAP - DG_ROADMAP) / DG_SupAP`` (ROADMAP Table 10)."""
-    from rankopt.engine.trainer import model_from_checkpoint
+    from rankopt.engine.assembly import model_from_checkpoint
     from rankopt.metrics import decomposability_gap, evaluate
 
     sizes = [int(v) for v in s.sweep_values(GAP_BATCH_SIZES)]
@@ -519,7 +519,7 @@ def operating_region_study(s: Settings) -> Findings:
     τ in :data:`OPERATING_TAUS` and batch sizes :data:`OPERATING_BATCH_SIZES` (m-per-class batches of
     the training split, test transform), for the untrained model and a model trained with Smooth-AP
     (one run, or ``from_run``): Smooth-AP supp. Fig. S7a."""
-    from rankopt.engine.trainer import model_from_checkpoint
+    from rankopt.engine.assembly import model_from_checkpoint
 
     sizes = [int(v) for v in s.sweep_values(OPERATING_BATCH_SIZES)]
     run = s.from_run or s.train(_seeded(replace(s, seeds=s.seeds[:1]), "smooth_ap",

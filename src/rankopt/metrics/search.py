@@ -62,6 +62,42 @@ def _merge_topk(values: torch.Tensor, indices: torch.Tensor, new_values: torch.T
     return best, torch.cat([indices, new_indices], dim=1).gather(1, pos)
 
 
+def chunked_topk(
+    query: torch.Tensor,
+    ref: torch.Tensor | None,
+    k: int,
+    *,
+    similarity: str = "cosine",
+    chunk_size: int | None = None,
+    exclude: torch.Tensor | None = None,
+    progress: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Exact top-``k`` ``(scores, indices)`` of each query among ``ref``, rows sorted by decreasing score.
+
+    :func:`score_chunks` (bounded memory: ``chunk_size`` query rows at a time, by default as many
+    as fit :data:`CHUNK_BUDGET_BYTES`) followed by a per-chunk ``topk``. ``ref=None`` and
+    ``exclude`` are as in :func:`score_chunks`. ``k`` is at most ``R - 1`` when every query has an
+    excluded item, so none is returned; otherwise at most ``R``, and a query's excluded item can only
+    appear when ``k = R``, last, at ``-inf``. Ties keep ``torch.topk``'s order.
+    """
+    num_refs = query.shape[0] if ref is None else ref.shape[0]
+    if exclude is None and ref is None:
+        exclude = torch.arange(query.shape[0], device=query.device)
+    every_query_excludes = exclude is not None and bool((exclude >= 0).all())
+    k = min(k, num_refs - int(every_query_excludes))
+    if k < 1:
+        raise ValueError(f"top-k search needs k >= 1 and a non-empty gallery (k={k}, gallery of {num_refs})")
+    dtype = torch.float64 if query.dtype == torch.float64 else torch.float32
+    values = torch.empty((query.shape[0], k), dtype=dtype, device=query.device)
+    indices = torch.empty((query.shape[0], k), dtype=torch.long, device=query.device)
+    size = chunk_size or default_chunk_size(num_refs)
+    for start, scores in score_chunks(query, ref, similarity=similarity, chunk_size=size, progress=progress,
+                                      exclude=exclude):
+        top, pos = scores.topk(k, dim=1)
+        values[start : start + top.shape[0]], indices[start : start + top.shape[0]] = top, pos
+    return values, indices
+
+
 def self_topk(
     x: torch.Tensor, k: int, *, similarity: str = "cosine", block_size: int = 4096, progress: bool = False
 ) -> tuple[torch.Tensor, torch.Tensor]:

@@ -1,0 +1,120 @@
+"""From a config to objects: device, model, loss, transforms, datasets, sampler.
+
+The training loop, inference (``rankopt evaluate`` / ``embed``), search and the
+experiments all assemble their objects here, so none of them depends on
+:mod:`rankopt.engine.trainer`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+from torch.utils.data import Dataset
+
+from rankopt.config import ExperimentConfig, apply_overrides
+from rankopt.engine import checkpoint as ckpt
+
+
+def resolve_device(spec: str, local_rank: int = 0) -> torch.device:
+    """``"auto"``: this rank's CUDA device when available, else the CPU."""
+    if spec == "auto":
+        return torch.device(f"cuda:{local_rank}") if torch.cuda.is_available() else torch.device("cpu")
+    device = torch.device(spec)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"train.device={spec!r} but CUDA is not available")
+    return device
+
+
+def seed_everything(seed: int) -> None:
+    """Seed Python, NumPy and torch (CPU and CUDA)."""
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+
+
+def build_model(cfg: ExperimentConfig) -> nn.Module:
+    """``rankopt.models.create_model`` from ``cfg.model``."""
+    from rankopt.models import create_model
+
+    m = cfg.model
+    return create_model(m.backbone, pretrained=m.pretrained, pooling=m.pooling, gem_p=m.gem_p,
+                        gem_learnable=m.gem_learnable, layer_norm=m.layer_norm, embedding_dim=m.embedding_dim,
+                        freeze_bn=m.freeze_bn, **m.kwargs)
+
+
+def model_from_checkpoint(path: str | Path, device: torch.device | str = "cpu") -> tuple[nn.Module, ExperimentConfig]:
+    """The model of a training checkpoint (weights-only loading; no download) in eval mode, and its config."""
+    state = ckpt.load_checkpoint(path, map_location=device)
+    if "model" not in state or "config" not in state:
+        raise ValueError(f"{str(path)!r} is not a rankopt training checkpoint (no 'model'/'config' entry)")
+    cfg = apply_overrides(state["config"])
+    model = build_model(dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, pretrained=False)))
+    model.load_state_dict(state["model"])
+    return model.to(device).eval(), cfg
+
+
+def build_loss(cfg: ExperimentConfig, *, class_counts: list[int], embedding_dim: int) -> nn.Module:
+    """``rankopt.losses.build(cfg.loss.name, **cfg.loss.kwargs)``.
+
+    Losses with proxies (``proxy_dg``, ``rod_*``, ``happier``, ``normalized_softmax``, ``sum_nsm``, ...)
+    get their data arguments (``rankopt.losses.data_arguments``) from the data and the model unless given:
+    ``class_counts`` holds the number of classes of each label column (finest first).
+    """
+    from rankopt import losses
+
+    sources = {"classes": class_counts[0], "classes_per_level": list(class_counts), "embedding_dim": embedding_dim}
+    kwargs = dict(cfg.loss.kwargs)
+    for arg, source in losses.data_arguments(cfg.loss.name).items():
+        kwargs.setdefault(arg, sources[source])
+    return losses.build(cfg.loss.name, **kwargs)
+
+
+def build_transforms(cfg: ExperimentConfig) -> tuple[Any, Any]:
+    """The (train, test) transforms of ``cfg.data`` (``rankopt.data.transforms.build_transform``)."""
+    from rankopt.data.transforms import build_transform
+
+    d = cfg.data
+    return build_transform(d.train_transform, d.image_size), build_transform(d.test_transform, d.image_size)
+
+
+def build_datasets(cfg: ExperimentConfig, *, train: bool = True) -> tuple[Dataset | None, dict[str, Dataset]]:
+    """The training dataset (when ``train``) and the evaluation splits (ordered), with their transforms.
+
+    With ``data.validation_fraction > 0`` the training split is divided class-disjointly
+    (``rankopt.data.splits.carve_validation``) and the held-out part is the only evaluation split.
+
+    With ``data.batch_transform`` the datasets decode only; the trainer transforms whole batches.
+    """
+    from rankopt.data import build_dataset, evaluation_splits
+
+    d = cfg.data
+    train_tf, test_tf = (None, None) if d.batch_transform else build_transforms(cfg)
+    if d.validation_fraction > 0:
+        from rankopt.data.splits import carve_validation
+
+        carve = {"fraction": d.validation_fraction, "level": d.validation_level, "seed": d.validation_seed}
+        full = build_dataset(d.name, d.root, d.train_split, **d.kwargs)
+        train_part, validation = carve_validation(full, **carve)
+        train_part.transform, validation.transform = train_tf, test_tf
+        return (train_part if train else None), {"validation": validation}
+    train_ds = build_dataset(d.name, d.root, d.train_split, transform=train_tf, **d.kwargs) if train else None
+    same = d.eval_name is None or d.eval_name == d.name
+    name, root, kwargs = (d.name, d.eval_root or d.root, d.kwargs) if same else (d.eval_name, d.eval_root, {})
+    splits = d.eval_splits or list(evaluation_splits(name))
+    evals = {s: build_dataset(name, root, s, transform=test_tf, **kwargs) for s in splits}
+    return train_ds, evals
+
+
+def build_sampler(cfg: ExperimentConfig, labels: np.ndarray, *, rank: int = 0, world_size: int = 1) -> Any:
+    """``rankopt.data.build_batch_sampler`` from ``cfg.train`` (the batch size is the global one)."""
+    from rankopt.data import build_batch_sampler
+
+    t = cfg.train
+    return build_batch_sampler(t.sampler, labels, batch_size=t.batch_size, m=t.m, seed=t.seed,
+                               rank=rank, world_size=world_size, **t.sampler_kwargs)

@@ -118,3 +118,9 @@ def build_sampler(cfg: ExperimentConfig, labels: np.ndarray, *, rank: int = 0, w
     t = cfg.train
     return build_batch_sampler(t.sampler, labels, batch_size=t.batch_size, m=t.m, seed=t.seed,
                                rank=rank, world_size=world_size, **t.sampler_kwargs)
+
+
+def inference_preprocessing(cfg: ExperimentConfig) -> dict[str, Any]:
+    """The settings besides the weights that shape a checkpoint's test embeddings (for
+    :func:`rankopt.models.fingerprint.model_fingerprint`): test transform preset and image size."""
+    return {"transform": cfg.data.test_transform, "image_size": cfg.data.image_size}

@@ -12,7 +12,7 @@ import importlib
 import sys
 from collections.abc import Sequence
 
-SUBCOMMAND_MODULES = ("train", "evaluate", "embed", "evaluate_embeddings", "datasets", "compare", "report", "benchmark", "study")
+SUBCOMMAND_MODULES = ("train", "evaluate", "embed", "evaluate_embeddings", "datasets", "compare", "report", "benchmark", "study", "whiten", "index", "search")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -37,7 +37,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     try:
         return int(args.func(args) or 0)
-    except (ValueError, FileNotFoundError, KeyError, TypeError, FloatingPointError) as err:
+    except (ValueError, FileNotFoundError, NotADirectoryError, IsADirectoryError, KeyError, TypeError,
+            FloatingPointError) as err:
         # Bad input: a clear one-line error, no traceback. RANKOPT_DEBUG=1 shows it.
         import os
 

@@ -6,6 +6,8 @@ import argparse
 import json
 from typing import Any
 
+import yaml
+
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     listing = subparsers.add_parser("datasets", help="list the supported datasets (levels, splits, native files)")
@@ -20,7 +22,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     info.add_argument("--split", action="append", default=None, help="split(s) to check (default: all)")
     info.add_argument(
         "--option", action="append", default=[], metavar="KEY=VALUE",
-        help="loader option, e.g. subset=vehicle for dyml or test_size=1600 for vehicleid",
+        help="loader option (typed as config overrides), e.g. subset=vehicle for dyml, test_fraction=0.3 for image_folder",
     )
     info.add_argument("--verify", action="store_true", help="also open every image to find unreadable files (slow)")
     info.add_argument("--json", action="store_true", help="machine-readable output")
@@ -33,7 +35,7 @@ def _parse_options(options: list[str]) -> dict[str, Any]:
         key, sep, value = option.partition("=")
         if not sep or not key:
             raise ValueError(f"--option must look like KEY=VALUE, got {option!r}")
-        out[key] = int(value) if value.lstrip("-").isdigit() else value
+        out[key] = yaml.safe_load(value)  # typed as config overrides: 3, 0.5, false, [a, b]
     return out
 
 
@@ -66,21 +68,50 @@ def run_datasets(args: argparse.Namespace) -> int:
     return 0
 
 
+def _unique(lines: list[str]) -> list[str]:
+    return list(dict.fromkeys(lines))
+
+
+def _unanswerable_classes(query: Any, gallery: Any | None) -> int:
+    """Finest classes of an evaluation split whose queries have no other image of their class to
+    retrieve: a single image (self-retrieval), or none in the gallery besides the query's own copy."""
+    import numpy as np
+
+    classes, counts = np.unique(query.labels[:, 0], return_counts=True)
+    if gallery is None:
+        return int((counts == 1).sum())
+    in_gallery = dict(zip(*np.unique(gallery.labels[:, 0], return_counts=True)))
+    own = 1 if query.metadata.get("gallery_contains_queries") else 0
+    return int(sum(in_gallery.get(c, 0) - own < 1 for c in classes))
+
+
 def dataset_report(name: str, root: str | None, splits: list[str] | None, options: dict[str, Any], verify: bool) -> dict[str, Any]:
-    """Counts per split against the published numbers, plus what is missing or unreadable."""
-    from rankopt.data import build_dataset, dataset_spec
+    """Counts per split against the published numbers, every problem found (missing or unreadable
+    images, problems of a user's folder or CSV), notes, and the classes that cannot be queries."""
+    from rankopt.data import DatasetProblems, build_dataset, dataset_spec
 
     spec = dataset_spec(name)
-    report: dict[str, Any] = {"dataset": name, "description": spec.description, "root": root, "splits": {}}
+    report: dict[str, Any] = {"dataset": name, "description": spec.description, "root": root, "splits": {},
+                              "problems": [], "notes": []}
+    try:
+        all_splits, evaluation = spec.splits_of(root, **options)
+    except (FileNotFoundError, NotADirectoryError, ValueError):
+        all_splits, evaluation = spec.splits, spec.evaluation_splits  # the builds below report the error
     suffix = "".join(f"[{k}={v}]" for k, v in sorted(options.items()))
-    for split in splits or list(spec.splits):
+    built = {}
+    for split in splits or [s for s in all_splits if s != "all"]:  # "all" is the union of the others
         published = spec.published.get(split + suffix, {} if options else spec.published.get(split, {}))
         entry: dict[str, Any] = {"published": published}
         try:
             ds = build_dataset(name, root, split, on_bad_image="skip", verify_images=verify, **options)
+        except DatasetProblems as err:
+            entry.update(ok=False, error=f"{len(err.problems)} problem(s), listed below")
+            report["problems"] += err.problems
+            report["notes"] += err.notes
         except (FileNotFoundError, NotADirectoryError, ValueError) as err:
             entry.update(ok=False, error=str(err))
         else:
+            built[split] = ds
             found = {"images": len(ds), **ds.summary()["classes"]}
             mismatches = {k: {"found": found.get(k), "published": v} for k, v in entry["published"].items() if found.get(k) != v}
             entry.update(
@@ -90,9 +121,23 @@ def dataset_report(name: str, root: str | None, splits: list[str] | None, option
                 num_bad_images=ds.metadata["num_bad_images"],
                 bad_images=ds.metadata["bad_images"][:20],
             )
+            report["problems"] += [f"[{split}] {line}" for line in ds.metadata["bad_images"]]
+            report["notes"] += ds.metadata.get("notes", [])
         report["splits"][split] = entry
-    report["ok"] = all(e["ok"] for e in report["splits"].values())
+    query = evaluation[0] if evaluation else None
+    if query in built and (len(evaluation) == 1 or evaluation[1] in built):
+        count = _unanswerable_classes(built[query], built[evaluation[1]] if len(evaluation) == 2 else None)
+        report["splits"][query]["classes_without_positive"] = count
+        if count:
+            why = "a single image" if len(evaluation) == 1 else "no other image of their class in the gallery"
+            report["notes"].append(f"[{query}] {count} class(es) have {why}: their images cannot be queries "
+                                   "(nothing to find; counted as queries without positive)")
+    report["problems"], report["notes"] = _unique(report["problems"]), _unique(report["notes"])
+    report["ok"] = all(e["ok"] for e in report["splits"].values()) and not report["problems"]
     return report
+
+
+SHOWN_PROBLEMS = 50
 
 
 def run_dataset_info(args: argparse.Namespace) -> int:
@@ -110,7 +155,7 @@ def run_dataset_info(args: argparse.Namespace) -> int:
         status = "OK" if entry["ok"] else "PROBLEM"
         print(f"[{split}] {status}")
         if "error" in entry:
-            print(f"  missing/unreadable: {entry['error']}")
+            print(f"  {entry['error']}")
             continue
         for key, value in entry["found"].items():
             published = entry["published"].get(key)
@@ -120,4 +165,13 @@ def run_dataset_info(args: argparse.Namespace) -> int:
             print(f"  {entry['num_bad_images']} missing or unreadable image(s), e.g.:")
             for line in entry["bad_images"][:5]:
                 print(f"    {line}")
+    problems = report["problems"]
+    if problems:
+        print(f"problems ({len(problems)}):")
+        for line in problems[:SHOWN_PROBLEMS]:
+            print(f"  {line}")
+        if len(problems) > SHOWN_PROBLEMS:
+            print(f"  ... and {len(problems) - SHOWN_PROBLEMS} more (--json lists them all)")
+    for line in report["notes"]:
+        print(f"note: {line}")
     return 0 if report["ok"] else 1

@@ -2,8 +2,9 @@
 
 Writes ``E.npy`` (float32 ``(N, D)``), ``E.labels.npy`` (int64 ``(N, L)``) and
 ``E.paths.txt`` (one image path per line, same order) for other tools. With
-``--images DIR`` every image under DIR is embedded (sorted paths) and its label is
-the index of its sub-folder (``-1`` for files directly in DIR).
+``--images DIR`` every image under DIR is embedded (sorted paths), labelled by its folders
+when they form a class tree (every level, as the ``image_folder`` dataset; ``-1`` for files
+directly in DIR): :func:`rankopt.data.image_folder.folder_dataset`.
 """
 
 from __future__ import annotations
@@ -12,9 +13,8 @@ import argparse
 from pathlib import Path
 from typing import Any
 
+from rankopt.cli._postprocess import add_postprocess_arguments
 from rankopt.cli.evaluate import add_model_data_arguments
-
-IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp", ".gif", ".tif", ".tiff", ".webp")
 
 
 def register(subparsers: Any) -> None:
@@ -26,25 +26,8 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--images", metavar="DIR", help="embed every image under DIR instead of a dataset")
     parser.add_argument("--split", metavar="SPLIT", help="dataset split (default: the first evaluation split)")
     parser.add_argument("--out", required=True, metavar="E.npy", help="output embeddings file")
+    add_postprocess_arguments(parser, query_side=False, gallery_side=False)
     parser.set_defaults(func=run)
-
-
-def folder_dataset(folder: str, transform: Any) -> Any:
-    """A :class:`rankopt.data.RetrievalDataset` of the images under ``folder`` (label = sub-folder index)."""
-    import numpy as np
-
-    from rankopt.data import RetrievalDataset
-
-    root = Path(folder)
-    if not root.is_dir():
-        raise FileNotFoundError(f"--images {folder!r} is not a folder")
-    paths = sorted(p for p in root.rglob("*") if p.is_file() and p.suffix.lower() in IMAGE_SUFFIXES)
-    if not paths:
-        raise FileNotFoundError(f"no image ({', '.join(IMAGE_SUFFIXES)}) under {folder!r}")
-    groups = sorted({p.parent for p in paths if p.parent != root})
-    index = {g: i for i, g in enumerate(groups)}
-    labels = np.array([index.get(p.parent, -1) for p in paths], dtype=np.int64)
-    return RetrievalDataset([str(p) for p in paths], labels, "images", ("folder",), transform, name="images")
 
 
 def output_paths(out: str) -> tuple[Path, Path, Path]:
@@ -57,12 +40,16 @@ def output_paths(out: str) -> tuple[Path, Path, Path]:
 def run(args: argparse.Namespace) -> int:
     import numpy as np
 
+    from rankopt.cli._postprocess import postprocessing_from_args
     from rankopt.cli.evaluate import load_for_inference
+    from rankopt.engine.assembly import inference_preprocessing
     from rankopt.engine.evaluation import embed_dataset
+    from rankopt.models.fingerprint import model_fingerprint
 
     if args.images is not None and (args.dataset is not None or args.split is not None):
         raise ValueError("use either --images DIR or --dataset/--split, not both")
     if args.images is not None:
+        from rankopt.data.image_folder import folder_dataset
         from rankopt.data.transforms import build_transform
         from rankopt.engine.assembly import model_from_checkpoint, resolve_device
 
@@ -73,9 +60,11 @@ def run(args: argparse.Namespace) -> int:
     else:
         model, cfg, datasets, device, batch_transform = load_for_inference(args, [args.split] if args.split else None)
         dataset = next(iter(datasets.values()))
-    split = embed_dataset(model, dataset, batch_size=args.batch_size or cfg.eval.batch_size, device=device,
-                          num_workers=args.num_workers, show_progress=not args.no_progress,
+    post = postprocessing_from_args(args, model_fingerprint(model, inference_preprocessing(cfg)))
+    split = embed_dataset(post.wrap_model(model), dataset, batch_size=args.batch_size or cfg.eval.batch_size,
+                          device=device, num_workers=args.num_workers, show_progress=not args.no_progress,
                           batch_transform=batch_transform)
+    split.embeddings = post.whiten(split.embeddings)
     emb_path, labels_path, paths_path = output_paths(args.out)
     emb_path.parent.mkdir(parents=True, exist_ok=True)
     np.save(emb_path, split.embeddings.numpy().astype(np.float32))

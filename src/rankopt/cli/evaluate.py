@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from rankopt.cli._postprocess import add_postprocess_arguments
+
 
 def add_model_data_arguments(parser: argparse.ArgumentParser) -> None:
     """Arguments shared by ``evaluate`` and ``embed``: checkpoint, dataset, transform, device."""
@@ -56,6 +58,7 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--json", metavar="OUT", help="write the result as JSON")
     parser.add_argument("--output", metavar="DIR",
                         help="also write a run folder: report.html, report.json, metrics.json, retrieval.npz, figures/")
+    add_postprocess_arguments(parser, query_side=True, gallery_side=True)
     parser.set_defaults(func=run)
 
 
@@ -64,8 +67,11 @@ def run(args: argparse.Namespace) -> int:
     import time
     from pathlib import Path
 
+    from rankopt.cli._postprocess import postprocessing_from_args
+    from rankopt.engine.assembly import inference_preprocessing
     from rankopt.engine.evaluation import evaluate_model
     from rankopt.engine.logging import format_table
+    from rankopt.models.fingerprint import model_fingerprint
 
     if args.split is not None and len(args.split) > 2:
         raise ValueError(f"--split takes one split (self-retrieval) or two (query gallery), got {args.split}")
@@ -77,12 +83,14 @@ def run(args: argparse.Namespace) -> int:
         from rankopt.metrics import ALL_METRICS
 
         metrics = list(ALL_METRICS)
+    post = postprocessing_from_args(args, model_fingerprint(model, inference_preprocessing(cfg)))
     start = time.perf_counter()
     result, splits = evaluate_model(model, datasets, cfg.eval, device=device, num_workers=args.num_workers,
-                                    show_progress=not args.no_progress, metrics=metrics, batch_transform=batch_transform)
+                                    show_progress=not args.no_progress, metrics=metrics, batch_transform=batch_transform,
+                                    postprocessing=post)
     dataset = cfg.data.eval_name or cfg.data.name
     out = {"checkpoint": str(args.checkpoint), "dataset": dataset, "splits": list(datasets),
-           "similarity": cfg.eval.similarity, **result.to_dict()}
+           "similarity": cfg.eval.similarity, "postprocessing": post.to_dict(), **result.to_dict()}
     print(format_table({"value": dict(result.metrics)},
                        f"{dataset} ({' vs '.join(datasets)}): {result.num_queries} queries, "
                        f"{result.num_queries_without_positive} without a positive (excluded)"))
@@ -91,15 +99,17 @@ def run(args: argparse.Namespace) -> int:
         print(f"wrote {args.json}")
     if args.output:
         page = write_evaluation_folder(Path(args.output), args, cfg, model, datasets, splits, result,
-                                       time.perf_counter() - start)
+                                       time.perf_counter() - start, postprocessing=post.to_dict())
         print(f"run folder: {args.output}" + (f"; report: {page}" if page else ""))
     return 0
 
 
 def write_evaluation_folder(run_dir: Any, args: argparse.Namespace, cfg: Any, model: Any, datasets: dict[str, Any],
-                            splits: list[Any], result: Any, seconds: float) -> Any:
+                            splits: list[Any], result: Any, seconds: float,
+                            postprocessing: dict[str, Any] | None = None) -> Any:
     """The run folder of an evaluation (kind ``evaluate``): config, run info, one metrics record,
-    report.json, retrieval.npz, figures and report.html (``rankopt.engine.run_folder``)."""
+    report.json (with the ``postprocessing`` steps applied), retrieval.npz, figures and report.html
+    (``rankopt.engine.run_folder``; retrieval.npz and the figures use the whitened embeddings, without DBA/αQE)."""
     import json
     import sys
 
@@ -128,6 +138,7 @@ def write_evaluation_folder(run_dir: Any, args: argparse.Namespace, cfg: Any, mo
         "loss": {"name": cfg.loss.name, "kwargs": dict(cfg.loss.kwargs), "repr": ""},
         "machine": run_folder.machine_info(next(model.parameters()).device),
         "figures": [str(p) for p in figures],
+        "postprocessing": postprocessing or {},
     }
     write_text_atomic(run_dir / "report.json", json.dumps(report, indent=2))
     return run_folder.write_html_report(run_dir)

@@ -11,13 +11,18 @@ from collections.abc import Callable
 from typing import Any
 
 # Importing the loader modules registers their datasets.
-from rankopt.data import cars, cub, dyml, inaturalist, inshop, landmarks, omniglot, sop, synthetic, vehicleid  # noqa: F401
-from rankopt.data.base import DATASETS, SPECS, BadImageError, DatasetSpec, LabelFileError, RetrievalDataset
+from rankopt.data import (  # noqa: F401
+    cars, csv_dataset, cub, dyml, image_folder, inaturalist, inshop, landmarks, omniglot, sop, synthetic, vehicleid,
+)
+from rankopt.data.base import (
+    DATASETS, SPECS, BadImageError, DatasetProblems, DatasetSpec, LabelFileError, RetrievalDataset,
+)
 from rankopt.data.samplers import HierarchicalBatchSampler, MPerClassBatchSampler, build_batch_sampler
 
 __all__ = [
     "DATASETS",
     "BadImageError",
+    "DatasetProblems",
     "DatasetSpec",
     "HierarchicalBatchSampler",
     "LabelFileError",
@@ -47,6 +52,9 @@ def build_dataset(
     return dataset_spec(name)(root, split, transform, **kwargs)
 
 
-def evaluation_splits(name: str) -> tuple[str, ...]:
-    """``("test",)`` for self-retrieval (leave-one-out) datasets, ``("query", "gallery")`` otherwise."""
-    return dataset_spec(name).evaluation_splits
+def evaluation_splits(name: str, root: str | os.PathLike[str] | None = None, **kwargs: Any) -> tuple[str, ...]:
+    """``("test",)`` for self-retrieval (leave-one-out) datasets, ``("query", "gallery")`` otherwise.
+
+    Datasets whose splits depend on the files (``image_folder``, ``csv``) read them from ``root``
+    (with the loader's ``kwargs``); without ``root`` their default is returned."""
+    return dataset_spec(name).splits_of(root, **kwargs)[1]

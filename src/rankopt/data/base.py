@@ -41,6 +41,18 @@ def label_file_error(path: str | Path, line: int, problem: str) -> LabelFileErro
     return LabelFileError(f"{path}:{line}: {problem}")
 
 
+class DatasetProblems(ValueError):
+    """Every problem a loader found in a dataset's files (``problems``: one line each, naming the
+    file, folder or row), raised together before any image is decoded, with the loader's ``notes``
+    (remarks that are no problem); ``dataset-info`` lists them all."""
+
+    def __init__(self, name: str, problems: Sequence[str], notes: Sequence[str] = ()) -> None:
+        self.problems, self.notes = list(problems), list(notes)
+        shown = "\n  ".join(self.problems[:10])
+        more = f"\n  ... and {len(self.problems) - 10} more (rankopt dataset-info lists them all)" if len(self.problems) > 10 else ""
+        super().__init__(f"dataset {name!r}: {len(self.problems)} problem(s):\n  {shown}{more}")
+
+
 # --------------------------------------------------------------------------- images
 def _split_zip_path(path: str) -> tuple[str, str] | None:
     """``/a/b.zip/x/y.png`` -> (``/a/b.zip``, ``x/y.png``); None for plain files."""
@@ -261,7 +273,9 @@ class DatasetSpec:
     """A registered dataset: how to read it natively and what it should contain.
 
     ``load(root, split, **kwargs) -> Items`` reads the native files; ``published`` maps a
-    split to the published counts (``"images"`` and one entry per level name).
+    split to the published counts (``"images"`` and one entry per level name). When the splits
+    depend on the files (a user's folder or CSV), ``layout(root, **kwargs) -> (splits,
+    evaluation_splits)`` gives them and the static fields only describe the dataset.
     """
 
     name: str
@@ -274,6 +288,13 @@ class DatasetSpec:
     published: dict[str, dict[str, int]] = field(default_factory=dict)
     joint_splits: tuple[str, ...] = ("query", "gallery")
     needs_root: bool = True
+    layout: Callable[..., tuple[tuple[str, ...], tuple[str, ...]]] | None = None
+
+    def splits_of(self, root: str | os.PathLike[str] | None = None, **kwargs: Any) -> tuple[tuple[str, ...], tuple[str, ...]]:
+        """``(splits, evaluation_splits)`` of the copy at ``root`` (the static fields without a layout or root)."""
+        if self.layout is None or root is None:
+            return self.splits, self.evaluation_splits
+        return self.layout(Path(root).expanduser(), **kwargs)
 
     def group(self, split: str) -> tuple[str, ...]:
         """The splits remapped together with ``split`` (query and gallery share identities)."""
@@ -289,11 +310,12 @@ class DatasetSpec:
         verify_images: bool = True,
         **kwargs: Any,
     ) -> RetrievalDataset:
-        if split not in self.splits:
-            raise ValueError(f"dataset {self.name!r} has no split {split!r}; splits: {', '.join(self.splits)}")
         if on_bad_image not in BAD_IMAGE_POLICIES:
             raise ValueError(f"on_bad_image must be one of {BAD_IMAGE_POLICIES}, got {on_bad_image!r}")
         path = require_root(root, self.name) if self.needs_root else (Path(root) if root is not None else None)
+        splits = self.splits_of(path, **kwargs)[0]
+        if split not in splits:
+            raise ValueError(f"dataset {self.name!r} has no split {split!r}; splits: {', '.join(splits)}")
         items = self.load(path, split, **kwargs)
         return finalize(self.name, items, split, self.group(split), transform, on_bad_image, verify_images)
 

@@ -12,6 +12,12 @@
   ``index_image_to_landmark.csv``, ``index/a/b/c/<id>.jpg``.
 - ``h_gldv2``: the same with the SupRank hierarchy ``{train,index}_label_to_subcategory_with_clusters.csv``
   (landmark -> cluster -> overall_cluster); landmarks without a cluster are dropped.
+- ``landmarks_clean``: Gordo et al.'s cleaned Landmarks (IJCV'17; the training set of SoftBin-AP,
+  ICCV'19 §4.1: 42,410 images of 586 landmarks). The public list ``annotation_clean_train.txt``
+  (in the root, ``annotations/`` or ``annotations_landmarks/``, or ``list_file=FILE``) has one
+  ``<image> <landmark id>`` line per image; ``<image>`` is the original download URL (the image
+  is then ``root/<last component of the URL>``, the name download scripts save it under) or a
+  path relative to the root (naver's dirtorch layout).
 - ``sfm120k``: ``retrieval-SfM-120k-imagenames-clusterids.mat`` (``cids``, ``cluster``), images
   ``ims/<cid[-2:]>/<cid[-4:-2]>/<cid[-6:-4]>/<cid>``; every image, class = cluster id (training
   only, as ROADMAP; evaluate on Revisited Oxford/Paris).
@@ -28,7 +34,9 @@ from typing import Any
 import numpy as np
 import scipy.io
 
-from rankopt.data.base import DatasetSpec, Items, label_file_error, register_dataset, require_file
+from rankopt.data.base import (
+    DatasetSpec, Items, label_file_error, parse_int, read_lines, register_dataset, require_file, split_fields,
+)
 
 _NUMPY_PICKLE = {
     ("numpy.core.multiarray", "_reconstruct"), ("numpy._core.multiarray", "_reconstruct"),
@@ -135,6 +143,20 @@ def load_gldv2(root: Path, split: str, hierarchy: bool = False) -> Items:
     return Items.from_rows(rows, ("landmark", "cluster", "overall_cluster"))
 
 
+LANDMARKS_CLEAN_LIST = "annotation_clean_train.txt"
+
+
+def load_landmarks_clean(root: Path, split: str, list_file: str | None = None) -> Items:
+    listing = Path(list_file).expanduser() if list_file else _first_existing(
+        *(folder / LANDMARKS_CLEAN_LIST for folder in (root, root / "annotations", root / "annotations_landmarks")))
+    rows = []
+    for line, text in read_lines(listing):
+        image, landmark = split_fields(text, 2, listing, line)
+        path = root / image.rsplit("/", 1)[-1] if "://" in image else root / image
+        rows.append((str(path), (parse_int(landmark, listing, line, "landmark id"),), split, f"{listing}:{line}"))
+    return Items.from_rows(rows, ("landmark",))
+
+
 def load_sfm120k(root: Path, split: str) -> Items:
     mat_path = require_file(root / "retrieval-SfM-120k-imagenames-clusterids.mat")
     try:
@@ -189,6 +211,20 @@ register_dataset(
         native_files=(*_GLD_FILES, "{train,index}_label_to_subcategory_with_clusters.csv"),
         load=partial(load_gldv2, hierarchy=True),
         published={"train": {"images": 970981, "landmark": 46593}},
+    )
+)
+register_dataset(
+    DatasetSpec(
+        name="landmarks_clean",
+        description="Landmarks-clean (Gordo et al. IJCV'17; SoftBin-AP's training set, training only: "
+                    "evaluate on revisited_oxford/paris)",
+        level_names=("landmark",),
+        splits=("train",),
+        evaluation_splits=(),
+        native_files=(f"{LANDMARKS_CLEAN_LIST} (or annotations/{LANDMARKS_CLEAN_LIST}): '<url or path> <landmark id>' lines",
+                      "the images, named as the URL's last component or by their listed path"),
+        load=load_landmarks_clean,
+        published={"train": {"images": 42410, "landmark": 586}},
     )
 )
 register_dataset(

@@ -15,6 +15,7 @@ Revisited Oxford/Paris) is scored with the Easy/Medium/Hard protocol of
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -25,6 +26,7 @@ from torch.utils.data import DataLoader, Dataset, Subset
 
 from rankopt.config import EvalConfig
 from rankopt.engine.logging import progress
+from rankopt.postprocess import PostProcessing
 
 
 @dataclass
@@ -114,30 +116,40 @@ def query_ref_index(query_paths: Sequence[str], gallery_paths: Sequence[str]) ->
 
 
 def score(splits: Sequence[EmbeddedSplit], cfg: EvalConfig, *, device: torch.device | str | None = None,
-          metrics: Sequence[str] | None = None, show_progress: bool = False) -> Any:
+          metrics: Sequence[str] | None = None, show_progress: bool = False,
+          postprocessing: PostProcessing | None = None) -> Any:
     """``rankopt.metrics.evaluate`` on one split (self-retrieval) or two (query, gallery);
     the revisitop protocol (all its metrics) when the query split has landmark ground truth.
     When the query split's metadata has ``gallery_contains_queries``, each query's copy in the
-    gallery (:func:`query_ref_index`) is excluded from its results."""
+    gallery (:func:`query_ref_index`) is excluded from its results.
+
+    ``postprocessing`` (``rankopt.postprocess``): whitening, then DBA of the gallery and αQE of
+    the queries, applied to the embeddings before scoring. With DBA/αQE a self-retrieval split is
+    scored as queries vs the augmented gallery, each query still excluded from its results by index."""
     from rankopt.metrics import EvaluationResult, evaluate
 
     if len(splits) not in (1, 2):
         raise ValueError(f"evaluation needs 1 split (self-retrieval) or 2 (query, gallery), got {len(splits)}")
     query = splits[0]
     ref = splits[1] if len(splits) == 2 else None
+    own = None
+    if ref is not None and query.metadata.get("gallery_contains_queries"):
+        own = query_ref_index(query.paths, ref.paths)
+    post = postprocessing or PostProcessing()
+    query_emb, ref_emb = post.expand(post.whiten(query.embeddings), None if ref is None else post.whiten(ref.embeddings),
+                                     exclude=own, similarity=cfg.similarity, chunk_size=cfg.chunk_size)
+    ref_labels = None if ref is None else ref.labels
+    if ref is None and ref_emb is not None:  # self-retrieval against the augmented gallery
+        own, ref_labels = torch.arange(query_emb.shape[0]), query.labels
     ground_truth = query.metadata.get("ground_truth")
     if ground_truth is not None and ref is not None:
         from rankopt.metrics.landmarks import revisited_map
         from rankopt.similarity import pairwise
 
-        values = revisited_map(pairwise(query.embeddings, ref.embeddings, cfg.similarity), ground_truth)
+        values = revisited_map(pairwise(query_emb, ref_emb, cfg.similarity), ground_truth)
         without = int(values.get("medium/num_queries_without_positive", 0))
         return EvaluationResult({k: v for k, v in values.items() if "num_queries" not in k}, len(ground_truth), without)
-    own = None
-    if ref is not None and query.metadata.get("gallery_contains_queries"):
-        own = query_ref_index(query.paths, ref.paths)
-    return evaluate(query.embeddings, query.labels,
-                    None if ref is None else ref.embeddings, None if ref is None else ref.labels,
+    return evaluate(query_emb, query.labels, ref_emb, ref_labels,
                     metrics=list(metrics or cfg.metrics), similarity=cfg.similarity,
                     chunk_size=cfg.chunk_size, device=device, progress=show_progress, query_ref_index=own)
 
@@ -145,11 +157,19 @@ def score(splits: Sequence[EmbeddedSplit], cfg: EvalConfig, *, device: torch.dev
 def evaluate_model(model: torch.nn.Module, datasets: Mapping[str, Dataset], cfg: EvalConfig, *,
                    device: torch.device | str = "cpu", num_workers: int = 0, amp: str = "none",
                    show_progress: bool = True, metrics: Sequence[str] | None = None,
-                   batch_transform: Callable[[torch.Tensor], torch.Tensor] | None = None) -> tuple[Any, list[EmbeddedSplit]]:
-    """Embed each split of ``datasets`` (ordered: self-retrieval split, or query then gallery) and score them."""
-    splits = [embed_dataset(model, ds, batch_size=cfg.batch_size, device=device, num_workers=num_workers,
+                   batch_transform: Callable[[torch.Tensor], torch.Tensor] | None = None,
+                   postprocessing: PostProcessing | None = None) -> tuple[Any, list[EmbeddedSplit]]:
+    """Embed each split of ``datasets`` (ordered: self-retrieval split, or query then gallery) and score them.
+
+    ``postprocessing``: the model embeds at its scales; the returned splits are whitened; DBA/αQE act
+    in :func:`score` only."""
+    post = postprocessing or PostProcessing()
+    embedder = post.wrap_model(model)
+    splits = [embed_dataset(embedder, ds, batch_size=cfg.batch_size, device=device, num_workers=num_workers,
                             amp=amp, show_progress=show_progress, desc=f"embedding {name}",
                             batch_transform=batch_transform)
               for name, ds in datasets.items()]
+    splits = [dataclasses.replace(split, embeddings=post.whiten(split.embeddings)) for split in splits]
     rank, _ = _distributed()
-    return score(splits, cfg, device=device, metrics=metrics, show_progress=show_progress and rank == 0), splits
+    return score(splits, cfg, device=device, metrics=metrics, show_progress=show_progress and rank == 0,
+                 postprocessing=post.without_whitening()), splits

@@ -52,6 +52,18 @@ def write_run_info(run_dir: Path, info: Mapping[str, Any], device: torch.device 
     return write_text_atomic(path, json.dumps(record, indent=2))
 
 
+def write_class_split(run_dir: Path, dataset: Any) -> list[Path]:
+    """``classes/train.txt`` and ``classes/test.txt`` (one class path per line, a ``#`` line saying how
+    they were drawn) when ``dataset.metadata["class_split"]`` holds the split of a user's classes
+    (``image_folder``); reusable as ``data.kwargs.train_classes=RUN/classes/train.txt ...``."""
+    split = getattr(dataset, "metadata", {}).get("class_split")
+    if not split:
+        return []
+    return [write_text_atomic(run_dir / "classes" / f"{side}.txt",
+                              f"# {side} classes ({split['how']})\n" + "".join(f"{c}\n" for c in split[side]))
+            for side in ("train", "test")]
+
+
 def dataset_counts(datasets: Mapping[str, Any]) -> dict[str, Any]:
     """``{split: {"images", "classes": {level name: count}}}`` of datasets with ``labels`` (N, L) (and ``level_names``)."""
     out = {}

@@ -5,6 +5,7 @@ writes the run folder::
 
     run_dir/config.yaml             the fully resolved config
     run_dir/run.json                recipe, overrides, command, machine
+    run_dir/classes/{train,test}.txt  the class split of a user's image folder (image_folder)
     run_dir/metrics.{csv,json}      one record per evaluation (epoch 0 = untrained model)
     run_dir/steps.csv               one row per step: loss, each loss term, learning rates, score differences
     run_dir/report.json             untrained vs trained metrics, best epoch, data/model/loss, throughput
@@ -417,6 +418,7 @@ class Trainer:
             self.run_dir.mkdir(parents=True, exist_ok=True)
             save_config(cfg, self.run_dir / "config.yaml")
             run_folder.write_run_info(self.run_dir, self.run_info, self.device)
+            run_folder.write_class_split(self.run_dir, self.train_ds)
             echo(f"run folder: {self.run_dir}")
         if self.global_step == 0 and not (self.logger and self.logger.history):
             untrained = self.evaluate()

@@ -57,20 +57,29 @@ class RetrievalNet(nn.Module):
             freeze_batchnorm_statistics(self)
         return self
 
-    def descriptors(self, images: Tensor) -> Tensor:
-        """Pooled (and LayerNormed) backbone descriptors before the projection, ``(B, feature_dim)``."""
+    def backbone_output(self, images: Tensor) -> Tensor:
+        """The backbone's ``(B, C, H, W)`` map or ``(B, C)`` descriptor of ``(B, 3, H, W)`` images."""
         if images.ndim != 4:
             raise ValueError(f"images must have shape (B, C, H, W), got {tuple(images.shape)}")
-        features = self.backbone(images)
-        if features.ndim == 4:
-            features = self.pooling(features)
-        return self.norm(features)
+        return self.backbone(images)
 
-    def forward(self, images: Tensor) -> Tensor:
-        x = self.descriptors(images)
+    def pool(self, features: Tensor) -> Tensor:
+        """``pooling`` of a ``(B, C, H, W)`` map; a ``(B, C)`` backbone output (ViT token) is returned as is."""
+        return self.pooling(features) if features.ndim == 4 else features
+
+    def head(self, features: Tensor) -> Tensor:
+        """``normalize(W · LN(f) + b)`` of pooled features ``f`` ``(B, feature_dim)``."""
+        x = self.norm(features)
         if self.projection is not None:
             x = self.projection(x)
         return F.normalize(x, dim=-1)
+
+    def descriptors(self, images: Tensor) -> Tensor:
+        """Pooled (and LayerNormed) backbone descriptors before the projection, ``(B, feature_dim)``."""
+        return self.norm(self.pool(self.backbone_output(images)))
+
+    def forward(self, images: Tensor) -> Tensor:
+        return self.head(self.pool(self.backbone_output(images)))
 
     def backbone_parameters(self) -> Iterator[nn.Parameter]:
         """Parameters of the backbone (the "backbone" optimizer group)."""

@@ -1,0 +1,127 @@
+"""faiss indexes built from faiss's own factory strings, and their recall measured against exact search.
+
+``faiss.index_factory(dim, spec, metric)`` with ``METRIC_INNER_PRODUCT`` for ``cosine`` (on
+L2-normalised vectors) and ``dot``, ``METRIC_L2`` for ``neg_l2`` (score ``-sqrt(d)``, as
+:func:`rankopt.metrics.search.faiss_topk`). faiss is imported lazily: it is optional.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from rankopt.engine.logging import progress
+from rankopt.metrics.search import chunked_topk
+from rankopt.similarity import prepare
+
+TRAINING_POINTS_PER_CENTROID = 39
+"""faiss's rule of thumb (its k-means warns below it): at least 39 training vectors per centroid."""
+RECALL_QUERIES = 1000
+ADD_BATCH = 65536
+
+
+def import_faiss() -> Any:
+    try:
+        import faiss  # optional dependency, imported lazily
+    except ImportError as err:  # pragma: no cover - depends on the environment
+        raise ImportError("faiss indexes need faiss: pip install faiss-cpu (or faiss-gpu)") from err
+    return faiss
+
+
+def as_faiss_input(x: torch.Tensor, similarity: str) -> Any:
+    """``(N, D)`` contiguous float32 numpy array of the vectors faiss compares (normalised for cosine)."""
+    return prepare(x.detach().float().cpu(), similarity).contiguous().numpy()
+
+
+def build(vectors: torch.Tensor, spec: str, similarity: str, params: str | None = None, *,
+          show_progress: bool = True) -> Any:
+    """A faiss index of ``vectors`` from the factory string ``spec``, trained on them when it needs training.
+
+    ``params``: faiss ``ParameterSpace`` settings such as ``"nprobe=32"`` or ``"efSearch=128"``.
+    IVF needs at least ``39 * nlist`` vectors (faiss's rule of thumb): fewer is a ``ValueError``.
+    """
+    faiss = import_faiss()
+    metric = faiss.METRIC_L2 if similarity == "neg_l2" else faiss.METRIC_INNER_PRODUCT
+    try:
+        index = faiss.index_factory(vectors.shape[1], spec, metric)
+    except RuntimeError as err:
+        raise ValueError(f"faiss cannot build {spec!r} for {vectors.shape[1]}-d vectors: {_first_line(err)}") from None
+    data = as_faiss_input(vectors, similarity)
+    if not index.is_trained:
+        nlist = re.search(r"IVF(\d+)", spec)
+        needed = TRAINING_POINTS_PER_CENTROID * int(nlist.group(1)) if nlist else 1
+        if len(data) < needed:
+            smaller = max(1, len(data) // TRAINING_POINTS_PER_CENTROID)
+            raise ValueError(f"faiss {spec!r} needs at least {needed} vectors to train ({TRAINING_POINTS_PER_CENTROID} "
+                             f"per IVF list), the index has {len(data)}: use a smaller nlist (IVF{smaller} or less) "
+                             "or exact search")
+        try:
+            index.train(data)
+        except RuntimeError as err:
+            raise ValueError(f"faiss cannot train {spec!r} on {len(data)} vectors: {_first_line(err)}") from None
+    set_params(index, params)
+    add(index, vectors, similarity, show_progress=show_progress)
+    return index
+
+
+def set_params(index: Any, params: str | None) -> None:
+    if params:
+        try:
+            import_faiss().ParameterSpace().set_index_parameters(index, params)
+        except RuntimeError as err:
+            raise ValueError(f"faiss parameters {params!r}: {_first_line(err)}") from None
+
+
+def add(index: Any, vectors: torch.Tensor, similarity: str, *, show_progress: bool = True) -> None:
+    """Add ``vectors`` to ``index`` in batches (with a progress bar)."""
+    starts = range(0, vectors.shape[0], ADD_BATCH)
+    for start in progress(starts, desc="indexing", enabled=show_progress and len(starts) > 1):
+        index.add(as_faiss_input(vectors[start : start + ADD_BATCH], similarity))
+
+
+def search(index: Any, queries: torch.Tensor, k: int, similarity: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(scores, ids)`` ``(Q, k)``, rows by decreasing score; ``id = -1`` (score ``-inf``) where the index
+    returned fewer than ``k`` results (an IVF probing too few lists)."""
+    dist, idx = index.search(as_faiss_input(queries, similarity), k)
+    scores, ids = torch.from_numpy(dist), torch.from_numpy(idx).long()
+    if similarity == "neg_l2":
+        scores = -scores.clamp(min=0).sqrt()
+    return scores.masked_fill(ids < 0, float("-inf")), ids
+
+
+def measure_recall(index: Any, vectors: torch.Tensor, similarity: str, k: int = 10,
+                   queries: int = RECALL_QUERIES, seed: int = 0) -> dict[str, Any]:
+    """recall@k of ``index`` against exact search, with up to ``queries`` indexed items as queries (self excluded).
+
+    ``recall@k = mean over queries of |approximate top-k ∩ exact top-k| / k``.
+    """
+    num = vectors.shape[0]
+    k = min(k, num - 1)
+    if k < 1:
+        raise ValueError(f"recall needs at least 2 indexed vectors, the index has {num}")
+    sample = torch.randperm(num, generator=torch.Generator().manual_seed(seed))[: min(queries, num)].sort().values
+    _, exact = chunked_topk(vectors[sample], vectors, k, similarity=similarity, exclude=sample)
+    _, found = search(index, vectors[sample], k + 1, similarity)
+    hits = 0
+    for own, row, truth in zip(sample.tolist(), found.tolist(), exact.tolist()):
+        hits += len(set([j for j in row if j != own][:k]) & set(truth))
+    return {"k": k, "value": hits / (k * len(sample)), "queries": len(sample)}
+
+
+def write(index: Any, path: Path) -> None:
+    import_faiss().write_index(index, str(path))
+
+
+def read(path: Path) -> Any:
+    try:
+        return import_faiss().read_index(str(path))
+    except RuntimeError as err:
+        raise ValueError(f"cannot read faiss index {str(path)!r}: {_first_line(err)}") from None
+
+
+def _first_line(err: Exception) -> str:
+    lines = [line for line in str(err).splitlines() if line.strip()]
+    return lines[-1].strip() if lines else type(err).__name__

@@ -1,0 +1,157 @@
+"""Images -> embeddings with a model and the preprocessing that joins its fingerprint.
+
+An :class:`Embedder` holds a model in eval mode, the transform its test embeddings are made
+with, and ``preprocessing``: the JSON-able settings besides the weights that shape an embedding
+(test transform preset and image size, and with :meth:`Embedder.with_postprocessing` the
+multi-scale scales and the whitening of :mod:`rankopt.postprocess`).
+``fingerprint = rankopt.models.fingerprint.model_fingerprint(model, preprocessing)``, so two
+embedders give comparable embeddings only when their fingerprints are equal.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import os
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from rankopt.data.base import RetrievalDataset
+from rankopt.engine.assembly import (
+    inference_preprocessing,
+    model_from_checkpoint,
+    resolve_device,
+)
+from rankopt.engine.evaluation import EmbeddedSplit, embed_dataset
+from rankopt.engine.run_folder import model_info
+from rankopt.models.fingerprint import model_fingerprint
+from rankopt.postprocess import MULTISCALE_KEY, WHITENING_KEY, PostProcessing
+
+ImageSource = RetrievalDataset | str | os.PathLike[str] | Sequence[str | os.PathLike[str]]
+"""A dataset, an image file or folder, or a list of them."""
+
+
+def transform_from_preprocessing(preprocessing: Mapping[str, Any]) -> Callable[..., torch.Tensor]:
+    """The test transform named by ``preprocessing`` (``{"transform": PRESET, "image_size": PX}``,
+    as :func:`rankopt.engine.assembly.inference_preprocessing` writes it)."""
+    from rankopt.data.transforms import build_transform
+
+    if "transform" not in preprocessing:
+        raise ValueError(f"preprocessing {dict(preprocessing)} names no transform preset (key 'transform'); "
+                         "pass transform= as well")
+    return build_transform(preprocessing["transform"], preprocessing.get("image_size"))
+
+
+@dataclass
+class Embedder:
+    """A model with its transform and preprocessing settings; ``fingerprint`` identifies the pair."""
+
+    model: nn.Module
+    transform: Callable[..., torch.Tensor]
+    preprocessing: dict[str, Any]
+    device: torch.device
+    checkpoint: str | None = None
+    summary: dict[str, Any] = field(default_factory=dict)
+    batch_size: int = 256
+    num_workers: int = 0
+    progress: bool = True
+    post: PostProcessing | None = None
+    """Multi-scale embedding and whitening applied to every embedding (set by :meth:`with_postprocessing`)."""
+    fingerprint: str = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.fingerprint = model_fingerprint(self.model, self.preprocessing)
+
+    @classmethod
+    def from_checkpoint(cls, path: str | os.PathLike[str], *, device: str = "auto", **options: Any) -> Embedder:
+        """The checkpoint's model with its config's test transform and image size."""
+        resolved = resolve_device(device)
+        model, cfg = model_from_checkpoint(path, resolved)
+        preprocessing = inference_preprocessing(cfg)
+        return cls(model, transform_from_preprocessing(preprocessing), preprocessing, resolved,
+                   checkpoint=str(Path(path).resolve()), summary=model_info(model, cfg.model.backbone), **options)
+
+    @classmethod
+    def from_model(cls, model: nn.Module, *, transform: Callable[..., torch.Tensor] | None = None,
+                   preprocessing: Mapping[str, Any] | None = None, device: str = "auto", **options: Any) -> Embedder:
+        """``model`` (moved to ``device``) with ``preprocessing`` (required: it joins the fingerprint) and
+        ``transform`` (default: built from ``preprocessing["transform"]`` and ``["image_size"]``)."""
+        if preprocessing is None:
+            raise ValueError("a model given as an nn.Module needs preprocessing={'transform': PRESET, "
+                             "'image_size': PX, ...}: the settings besides the weights that shape its embeddings "
+                             "(they join the fingerprint); a checkpoint path brings its own")
+        preprocessing = dict(preprocessing)
+        resolved = resolve_device(device)
+        backbone = type(getattr(model, "backbone", model)).__name__
+        return cls(model.to(resolved), transform or transform_from_preprocessing(preprocessing), preprocessing,
+                   resolved, summary=model_info(model, backbone), **options)
+
+    def with_postprocessing(self, post: PostProcessing | None) -> Embedder:
+        """This embedder with ``post``'s multi-scale and whitening steps: they shape every embedding and
+        join ``preprocessing`` (hence the fingerprint). A whitening fitted for another model, test
+        transform or multi-scale setting is refused. DBA and αQE act on sets, not here."""
+        if post is None or (post.scales is None and post.whitening is None):
+            return self
+        if self.post is not None:
+            raise ValueError("this embedder already has post-processing steps")
+        steps = post.embedding_steps()
+        if steps.whitening is not None:
+            steps.whitening.check_model(self.fingerprint, steps.scales)
+        return dataclasses.replace(self, post=steps, preprocessing={**self.preprocessing, **steps.preprocessing()})
+
+    def require_fingerprint(self, fingerprint: str, preprocessing: Mapping[str, Any], what: str = "the index") -> None:
+        """Raise a ``ValueError`` unless this embedder's fingerprint is ``fingerprint`` (the one of ``what``,
+        made with ``preprocessing``), saying whether the weights or the preprocessing differ."""
+        if self.fingerprint == fingerprint:
+            return
+        differences = [f"{key}: {preprocessing.get(key)!r} there, {self.preprocessing.get(key)!r} here"
+                       for key in sorted(set(preprocessing) | set(self.preprocessing))
+                       if preprocessing.get(key) != self.preprocessing.get(key)]
+        if not differences:
+            cause = "the weights differ (same preprocessing)"
+        elif model_fingerprint(self.model, preprocessing) == fingerprint:
+            cause = f"same weights, the preprocessing differs ({'; '.join(differences)})"
+        else:
+            cause = f"the weights differ and so does the preprocessing ({'; '.join(differences)})"
+        raise ValueError(f"the model's fingerprint {self.fingerprint} is not the fingerprint {fingerprint} of "
+                         f"{what}: {cause}; its embeddings are not comparable")
+
+    def embed(self, images: ImageSource, *, desc: str = "embedding") -> EmbeddedSplit:
+        """Embeddings ``(N, D)`` of ``images`` (a dataset is embedded with this embedder's transform)."""
+        dataset = as_dataset(images, self.transform)
+        model = self.model if self.post is None else self.post.wrap_model(self.model)
+        split = embed_dataset(model, dataset, batch_size=self.batch_size, device=self.device,
+                              num_workers=self.num_workers, show_progress=self.progress, desc=desc)
+        if self.post is not None:
+            split.embeddings = self.post.whiten(split.embeddings)
+        return split
+
+
+def base_preprocessing(preprocessing: Mapping[str, Any]) -> dict[str, Any]:
+    """``preprocessing`` without the post-processing entries (what a checkpoint's config gives)."""
+    return {k: v for k, v in preprocessing.items() if k not in (MULTISCALE_KEY, WHITENING_KEY)}
+
+
+def as_dataset(images: ImageSource, transform: Callable[..., torch.Tensor], *,
+               class_tree: bool = False) -> RetrievalDataset:
+    """``images`` as a :class:`RetrievalDataset` with ``transform`` (a dataset is copied, never modified).
+
+    Image files and folders are unlabelled (``rankopt.data.image_folder.images_dataset``), except one
+    folder with ``class_tree``: labelled by its class folders (``image_folder.folder_dataset``).
+    """
+    from rankopt.data.image_folder import folder_dataset, images_dataset
+
+    if isinstance(images, RetrievalDataset):
+        dataset = copy.copy(images)
+        dataset.transform = transform
+        return dataset
+    if isinstance(images, (str, os.PathLike)):
+        if class_tree and Path(images).is_dir():
+            return folder_dataset(images, transform)
+        images = [images]
+    return images_dataset(list(images), transform)

@@ -1,0 +1,131 @@
+"""The landmark toolbox inside an index: multi-scale and whitening join the embedding pipeline and the
+fingerprint (and are applied to image queries), DBA rewrites the indexed vectors, αQE expands queries."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from rankopt.cli import main
+from rankopt.metrics.search import chunked_topk
+from rankopt.postprocess import (
+    Expansion,
+    PostProcessing,
+    alpha_query_expansion,
+    database_augmentation,
+    fit_pca_whitening,
+)
+from rankopt.search import Embedder, Index
+
+from .conftest import write_checkpoint
+
+SCALES = (1.0, 0.5)
+
+
+def _whitening(embedder: Embedder, tree: Path, scales: tuple[float, ...] | None = SCALES):
+    """A PCA whitening fitted on the multi-scale embeddings of ``tree`` for ``embedder``'s model."""
+    plain = embedder.with_postprocessing(PostProcessing(scales=scales)).embed(tree).embeddings
+    fitted = fit_pca_whitening(plain.double(), dim=8, fitted_on="test tree")
+    return dataclasses.replace(fitted, model_fingerprint=embedder.fingerprint, scales=scales)
+
+
+def test_multiscale_and_whitening_are_part_of_the_index(tree: Path, queries: Path, checkpoint: Path, tmp_path: Path):
+    embedder = Embedder.from_checkpoint(checkpoint, device="cpu", progress=False)
+    post = PostProcessing(scales=SCALES, whitening=_whitening(embedder, tree))
+    index = Index.build(embedder, tree, postprocessing=post, progress=False)
+    assert index.dim == 8 and index.fingerprint != embedder.fingerprint
+    assert index.preprocessing["multiscale"] == [1.0, 0.5] and index.preprocessing["whitening"]["kind"] == "pca"
+
+    # the indexed vectors are the whitened multi-scale embeddings, computed by hand
+    ms = embedder.with_postprocessing(PostProcessing(scales=SCALES)).embed(tree)
+    assert torch.allclose(index.embeddings, post.whitening.apply(ms.embeddings), atol=1e-6)
+
+    # save -> load: the whitening travels in the folder; image queries go through the same pipeline
+    index.save(tmp_path / "idx")
+    assert (tmp_path / "idx" / "whitening.safetensors").is_file()
+    loaded = Index.load(tmp_path / "idx")
+    result = loaded.search(queries, 5, checkpoint=checkpoint)
+    q = post.whitening.apply(embedder.with_postprocessing(PostProcessing(scales=SCALES)).embed(queries).embeddings)
+    scores, ids = chunked_topk(q, index.embeddings, 5)
+    assert torch.equal(result.ids, ids) and torch.allclose(result.scores, scores, atol=1e-6)
+
+    # embeddings made without the pipeline are refused by fingerprint
+    with pytest.raises(ValueError, match="fingerprint"):
+        loaded.search(embedder.embed(queries).embeddings[:, :8], 3, fingerprint=embedder.fingerprint)
+    # an embedder with other scales is refused, naming what differs
+    other = embedder.with_postprocessing(PostProcessing(scales=(1.0,)))
+    with pytest.raises(ValueError, match="multiscale"):
+        loaded.search(queries, 3, model=other)
+    # a whitening file replaced by another one is caught when loading
+    swapped = dataclasses.replace(post.whitening, mean=post.whitening.mean + 1)
+    from rankopt.postprocess import save_whitening
+
+    save_whitening(swapped, tmp_path / "idx" / "whitening.safetensors")
+    with pytest.raises(ValueError, match="not the whitening index.json names"):
+        Index.load(tmp_path / "idx")
+    (tmp_path / "idx" / "whitening.safetensors").unlink()
+    with pytest.raises(FileNotFoundError, match="whitening.safetensors is missing"):
+        Index.load(tmp_path / "idx")
+
+
+def test_a_whitening_fitted_for_another_model_is_refused(tree: Path, checkpoint: Path, tmp_path: Path):
+
+
+    embedder = Embedder.from_checkpoint(checkpoint, device="cpu", progress=False)
+    other = Embedder.from_checkpoint(write_checkpoint(tmp_path / "other.ckpt", seed=1), device="cpu", progress=False)
+    with pytest.raises(ValueError, match="fitted for model fingerprint"):
+        Index.build(other, tree, postprocessing=PostProcessing(scales=SCALES, whitening=_whitening(embedder, tree)),
+                    progress=False)
+
+
+def test_dba_rewrites_the_indexed_vectors_and_qe_expands_queries(tree: Path, queries: Path, checkpoint: Path,
+                                                                  tmp_path: Path):
+    embedder = Embedder.from_checkpoint(checkpoint, device="cpu", progress=False)
+    raw = embedder.embed(tree).embeddings
+    dba, qe = Expansion(k=2, alpha=3.0), Expansion(k=3, alpha=2.0)
+    index = Index.build(embedder, tree, postprocessing=PostProcessing(dba=dba), progress=False)
+    assert torch.allclose(index.embeddings, database_augmentation(raw, dba), atol=1e-6)
+    assert index.fingerprint == embedder.fingerprint  # DBA does not change how a query is embedded
+    with pytest.raises(ValueError, match="cannot be added"):
+        index.add(raw[:2])
+    with pytest.raises(ValueError, match="pass qe= to Index.search"):
+        Index.build(embedder, tree, postprocessing=PostProcessing(qe=qe), progress=False)
+
+    q = embedder.embed(queries).embeddings
+    expanded = alpha_query_expansion(q, index.embeddings, qe)
+    assert not torch.allclose(expanded, q)
+    result = index.search(q, 4, qe=qe)
+    scores, ids = chunked_topk(expanded, index.embeddings, 4)
+    assert torch.equal(result.ids, ids) and torch.allclose(result.scores, scores, atol=1e-6)
+    index.save(tmp_path / "idx")
+    assert Index.load(tmp_path / "idx").info["dba"] == {"k": 2, "alpha": 3.0}
+
+
+def test_cli_whiten_index_search_with_every_step(tree: Path, queries: Path, tmp_path: Path, capsys):
+
+
+    ckpt = write_checkpoint(tmp_path / "m.ckpt", ["data.name=image_folder", f"data.root={tree}"])
+    whitening = tmp_path / "w.safetensors"
+    assert main(["whiten", str(ckpt), "--dataset", "image_folder", "--root", str(tree), "--split", "all",
+                 "--dim", "8", "--multiscale", "1", "0.5", "--out", str(whitening), "--no-progress"]) == 0
+    out = tmp_path / "idx"
+    assert main(["index", str(ckpt), "--images", str(tree), "--out", str(out), "--whiten", str(whitening),
+                 "--multiscale", "1", "0.5", "--dba", "2", "--no-progress"]) == 0
+    printed = capsys.readouterr().out
+    assert "multi-scale 1, 0.5" in printed and "pca whitening" in printed and "DBA k=2" in printed
+    info = json.loads((out / "index.json").read_text())
+    assert info["dim"] == 8 and info["dba"] == {"k": 2, "alpha": 2.0}
+    records = tmp_path / "r.json"
+    assert main(["search", str(out), str(queries), "--top-k", "3", "--qe", "2", "--json", str(records),
+                 "--no-progress"]) == 0
+    assert [len(r["results"]) for r in json.loads(records.read_text())] == [3, 3, 3]
+    # the whitening was fitted with multi-scale embeddings: indexing without --multiscale is refused
+    assert main(["index", str(ckpt), "--images", str(tree), "--out", str(tmp_path / "bad"),
+                 "--whiten", str(whitening), "--no-progress"]) == 1
+    assert "use the same --multiscale" in capsys.readouterr().err
+    assert main(["search", str(out), str(queries), "--qe-alpha", "3", "--no-progress"]) == 1
+    assert "--qe-alpha needs --qe K" in capsys.readouterr().err

@@ -146,6 +146,10 @@ def test_dataset_info_on_a_csv(oml_csv, capsys):
     assert code == 1 and len(report["problems"]) == 2
     assert "path 'images/a0.png' is also listed at line 2" in report["problems"][0]
     assert "label 0 is in train" in report["problems"][1]
+    # the usable rows are still counted (the duplicate row left out)
+    assert report["splits"]["train"]["found"] == {"images": 4, "label": 2, "category": 2}
+    with pytest.raises(DatasetProblems, match="2 problem"):
+        build_dataset("csv", oml_csv, "train")
 
 
 @pytest.mark.slow

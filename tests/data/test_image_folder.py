@@ -205,9 +205,14 @@ def test_dataset_info_lists_every_problem_and_writes_nothing(tmp_path, capsys):
     assert snapshot(root) == before  # nothing is written into the user's folder
     (root / "b" / "3").mkdir()
     (root / "c").mkdir()
-    code, out = dataset_info(["image_folder", "--root", str(root)], capsys)
-    assert code == 1 and "problems (2):" in out and "[train] PROBLEM" in out
+    with pytest.raises(DatasetProblems, match="2 problem"):  # training refuses the folder ...
+        build_dataset("image_folder", root, "train")
+    code, out = dataset_info(["image_folder", "--root", str(root), "--verify"], capsys)
+    # ... dataset-info lists the empty folders *and* goes on to count and check the usable images
+    assert code == 1 and "problems (3):" in out and "[train] PROBLEM" in out
     assert f"empty folder {str(root / 'b' / '3')!r}" in out and f"empty folder {str(root / 'c')!r}" in out
+    assert "broken.png" in out and "not an image file Pillow can read" in out
+    assert "  images: 4\n  class: 2\n  level1: 2" in out
     assert "note: 1 non-image file(s) ignored" in out
 
 

@@ -103,7 +103,11 @@ def dataset_report(name: str, root: str | None, splits: list[str] | None, option
         published = spec.published.get(split + suffix, {} if options else spec.published.get(split, {}))
         entry: dict[str, Any] = {"published": published}
         try:
-            ds = build_dataset(name, root, split, on_bad_image="skip", verify_images=verify, **options)
+            try:
+                ds = build_dataset(name, root, split, on_bad_image="skip", verify_images=verify, **options)
+            except DatasetProblems:  # a user's folder or table: count and check what is usable anyway
+                ds = build_dataset(name, root, split, on_bad_image="skip", verify_images=verify, keep_going=True,
+                                   **options)
         except DatasetProblems as err:
             entry.update(ok=False, error=f"{len(err.problems)} problem(s), listed below")
             report["problems"] += err.problems
@@ -115,12 +119,13 @@ def dataset_report(name: str, root: str | None, splits: list[str] | None, option
             found = {"images": len(ds), **ds.summary()["classes"]}
             mismatches = {k: {"found": found.get(k), "published": v} for k, v in entry["published"].items() if found.get(k) != v}
             entry.update(
-                ok=not mismatches and not ds.metadata["num_bad_images"],
+                ok=not mismatches and not ds.metadata["num_bad_images"] and not ds.metadata.get("problems"),
                 found=found,
                 mismatches=mismatches,
                 num_bad_images=ds.metadata["num_bad_images"],
                 bad_images=ds.metadata["bad_images"][:20],
             )
+            report["problems"] += ds.metadata.get("problems", [])
             report["problems"] += [f"[{split}] {line}" for line in ds.metadata["bad_images"]]
             report["notes"] += ds.metadata.get("notes", [])
         report["splits"][split] = entry

@@ -389,7 +389,8 @@ def _usable(
                 with Image.open(io.BytesIO(_read_bytes(path))) as img:
                     img.verify()
             except Exception as err:  # noqa: BLE001 - any decoder failure means a bad file
-                problem = f"unreadable ({err})"
+                why = "not an image file Pillow can read" if isinstance(err, UnidentifiedImageError) else err
+                problem = f"unreadable ({why})"
         if problem:
             keep[i] = False
             bad.append(f"{path} (listed at {sources[i]}): {problem}")

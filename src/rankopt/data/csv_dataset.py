@@ -117,6 +117,8 @@ class Table:
     splits: list[str] = field(default_factory=list)
     flags: list[tuple[bool | None, bool | None]] = field(default_factory=list)
     boxes: list[tuple[float, float, float, float] | None] = field(default_factory=list)
+    problems: list[str] = field(default_factory=list)
+    """Problems left unraised by ``read_table(..., keep_going=True)``."""
 
     @property
     def evaluation_split(self) -> str:
@@ -147,9 +149,10 @@ def _disjointness(table: Table) -> list[str]:
 
 def read_table(
     file: Path | None, *, dataset_root: str | os.PathLike[str] | None = None, levels: Sequence[str] | None = None,
-    class_disjoint: bool = True,
+    class_disjoint: bool = True, keep_going: bool = False,
 ) -> Table:
-    """Read and check a CSV file in OML's format; every problem is raised together."""
+    """Read and check a CSV file in OML's format; every problem is raised together (with ``keep_going``,
+    for ``dataset-info``: kept in ``Table.problems`` when some rows are usable, the bad rows left out)."""
     if file is None:
         raise ValueError(f"dataset {NAME!r} needs root=<the CSV file>")
     file = Path(file).expanduser()
@@ -209,8 +212,9 @@ def read_table(
                      if s == table.evaluation_split and None in f]
     if class_disjoint:
         problems += _disjointness(table)
-    if problems:
+    if problems and not (keep_going and table.paths):
         raise DatasetProblems(NAME, problems)
+    table.problems = problems
     return table
 
 
@@ -238,7 +242,9 @@ def load_csv(root: Path | None, split: str, **kwargs: Any) -> Items:
             if table.boxes[i] is not None:
                 boxes[len(rows)] = table.boxes[i]
             rows.append((path, labels, entry, table.sources[i]))
-    extra = {"query": {"gallery_contains_queries": True}} if both else {}
+    extra: dict[str, dict[str, Any]] = {s: {"problems": table.problems} for s in {r[2] for r in rows} | {split}}
+    if both:
+        extra["query"]["gallery_contains_queries"] = True
     return Items.from_rows(rows, table.level_names, boxes=boxes, extra=extra)
 
 

@@ -258,8 +258,12 @@ def load_image_folder(
     test_classes: str | None = None,
     level_names: Sequence[str] | None = None,
     class_disjoint: bool = True,
+    keep_going: bool = False,
 ) -> Items:
-    """Items of ``split`` (``train``/``test``/``validation``/``query``/``gallery``/``all``) of the tree at ``root``."""
+    """Items of ``split`` (``train``/``test``/``validation``/``query``/``gallery``/``all``) of the tree at ``root``.
+
+    ``keep_going`` (``dataset-info``): when the tree still has class folders, its problems go to
+    ``metadata["problems"]`` instead of being raised, so the counts and image checks can follow."""
     folders = _split_folders(root)
     extra: dict[str, dict[str, Any]] = {}
     if folders:
@@ -289,7 +293,7 @@ def load_image_folder(
             class_split = {s: sorted(c for c, side in assignment.items() if side == s) for s in ("train", "test")}
             extra = {s: {"class_split": {**class_split, "how": how, "left_out": left_out}} for s in ("train", "test")}
         trees = [(s, {c: imgs for c, imgs in classes.items() if assignment.get(c) == s}, depth) for s in ("train", "test", "all")]
-    if problems:
+    if problems and not (keep_going and any(classes for _, classes, _ in trees)):
         raise DatasetProblems(NAME, problems, notes)
     depth = max(d for _, _, d in trees)
     rows = [
@@ -298,7 +302,7 @@ def load_image_folder(
         for cls, images in sorted(classes.items()) for image in images
     ]
     for s in {s for _, _, s, _ in rows} | {split}:
-        extra.setdefault(s, {})["notes"] = notes
+        extra.setdefault(s, {}).update(notes=notes, problems=problems)
     return Items.from_rows(rows, _level_names(level_names, depth), extra=extra)
 
 

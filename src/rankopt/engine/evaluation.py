@@ -125,7 +125,9 @@ def score(splits: Sequence[EmbeddedSplit], cfg: EvalConfig, *, device: torch.dev
 
     ``postprocessing`` (``rankopt.postprocess``): whitening, then DBA of the gallery and αQE of
     the queries, applied to the embeddings before scoring. With DBA/αQE a self-retrieval split is
-    scored as queries vs the augmented gallery, each query still excluded from its results by index."""
+    scored as queries vs the augmented gallery, each query still excluded from its results by index
+    and from its own expansion; DBA there is transductive (a gallery item's neighbours may include
+    the query), unlike a separate query set."""
     from rankopt.metrics import EvaluationResult, evaluate
 
     if len(splits) not in (1, 2):

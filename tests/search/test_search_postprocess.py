@@ -129,3 +129,24 @@ def test_cli_whiten_index_search_with_every_step(tree: Path, queries: Path, tmp_
     assert "use the same --multiscale" in capsys.readouterr().err
     assert main(["search", str(out), str(queries), "--qe-alpha", "3", "--no-progress"]) == 1
     assert "--qe-alpha needs --qe K" in capsys.readouterr().err
+
+
+def test_embed_writes_the_fingerprint_an_index_of_its_vectors_needs(tree: Path, queries: Path, checkpoint: Path,
+                                                                    tmp_path: Path):
+    import numpy as np
+
+    out = tmp_path / "E.npy"
+    assert main(["embed", str(checkpoint), "--images", str(tree), "--out", str(out), "--no-progress"]) == 0
+    info = json.loads((tmp_path / "E.json").read_text())
+    assert info["fingerprint"] == Embedder.from_checkpoint(checkpoint, device="cpu", progress=False).fingerprint
+    paths = (tmp_path / "E.paths.txt").read_text().splitlines()
+    index = Index.from_embeddings(np.load(out), paths=paths, fingerprint=info["fingerprint"], progress=False)
+    result = index.search(queries, 3, checkpoint=checkpoint)  # image queries pass the fingerprint check
+    assert result.ids.shape == (3, 3) and result.paths[0][0] in paths
+    # another image size makes other embeddings: another fingerprint, refused by the index
+    assert main(["embed", str(checkpoint), "--images", str(tree), "--image-size", "48", "--out",
+                 str(tmp_path / "F.npy"), "--no-progress"]) == 0
+    other = json.loads((tmp_path / "F.json").read_text())
+    assert other["fingerprint"] != info["fingerprint"] and other["preprocessing"]["image_size"] == 48
+    with pytest.raises(ValueError, match="fingerprint"):
+        index.search(np.load(tmp_path / "F.npy"), 3, fingerprint=other["fingerprint"])

@@ -1,7 +1,8 @@
 """``rankopt embed CHECKPOINT (--images DIR | --dataset NAME --root PATH --split S) --out E.npy``.
 
-Writes ``E.npy`` (float32 ``(N, D)``), ``E.labels.npy`` (int64 ``(N, L)``) and
-``E.paths.txt`` (one image path per line, same order) for other tools. With
+Writes ``E.npy`` (float32 ``(N, D)``), ``E.labels.npy`` (int64 ``(N, L)``),
+``E.paths.txt`` (one image path per line, same order) and ``E.json`` (the checkpoint, the
+preprocessing and the fingerprint of the embeddings, for ``Index.from_embeddings``). With
 ``--images DIR`` every image under DIR is embedded (sorted paths), labelled by its folders
 when they form a class tree (every level, as the ``image_folder`` dataset; ``-1`` for files
 directly in DIR): :func:`rankopt.data.image_folder.folder_dataset`.
@@ -30,20 +31,23 @@ def register(subparsers: Any) -> None:
     parser.set_defaults(func=run)
 
 
-def output_paths(out: str) -> tuple[Path, Path, Path]:
-    """``E.npy`` -> (``E.npy``, ``E.labels.npy``, ``E.paths.txt``)."""
+def output_paths(out: str) -> tuple[Path, Path, Path, Path]:
+    """``E.npy`` -> (``E.npy``, ``E.labels.npy``, ``E.paths.txt``, ``E.json``)."""
     path = Path(out)
     stem = path.with_suffix("") if path.suffix == ".npy" else path
-    return stem.with_suffix(".npy"), Path(f"{stem}.labels.npy"), Path(f"{stem}.paths.txt")
+    return stem.with_suffix(".npy"), Path(f"{stem}.labels.npy"), Path(f"{stem}.paths.txt"), Path(f"{stem}.json")
 
 
 def run(args: argparse.Namespace) -> int:
+    import json
+
     import numpy as np
 
     from rankopt.cli._postprocess import postprocessing_from_args
     from rankopt.cli.evaluate import load_for_inference
     from rankopt.engine.assembly import inference_preprocessing
     from rankopt.engine.evaluation import embed_dataset
+    from rankopt.files import write_text_atomic
     from rankopt.models.fingerprint import model_fingerprint
 
     if args.images is not None and (args.dataset is not None or args.split is not None):
@@ -55,20 +59,29 @@ def run(args: argparse.Namespace) -> int:
 
         device = resolve_device(args.device)
         model, cfg = model_from_checkpoint(args.checkpoint, device)
-        transform = build_transform(args.transform or cfg.data.test_transform, args.image_size or cfg.data.image_size)
+        cfg.data.test_transform = args.transform or cfg.data.test_transform
+        cfg.data.image_size = args.image_size or cfg.data.image_size
+        transform = build_transform(cfg.data.test_transform, cfg.data.image_size)
         dataset, batch_transform = folder_dataset(args.images, transform), None
     else:
         model, cfg, datasets, device, batch_transform = load_for_inference(args, [args.split] if args.split else None)
         dataset = next(iter(datasets.values()))
-    post = postprocessing_from_args(args, model_fingerprint(model, inference_preprocessing(cfg)))
+    preprocessing = inference_preprocessing(cfg)
+    post = postprocessing_from_args(args, model_fingerprint(model, preprocessing))
+    preprocessing |= post.preprocessing()
     split = embed_dataset(post.wrap_model(model), dataset, batch_size=args.batch_size or cfg.eval.batch_size,
                           device=device, num_workers=args.num_workers, show_progress=not args.no_progress,
                           batch_transform=batch_transform)
     split.embeddings = post.whiten(split.embeddings)
-    emb_path, labels_path, paths_path = output_paths(args.out)
+    emb_path, labels_path, paths_path, info_path = output_paths(args.out)
     emb_path.parent.mkdir(parents=True, exist_ok=True)
     np.save(emb_path, split.embeddings.numpy().astype(np.float32))
     np.save(labels_path, split.labels.numpy())
-    paths_path.write_text("".join(f"{p}\n" for p in split.paths))
-    print(f"wrote {emb_path} {tuple(split.embeddings.shape)}, {labels_path}, {paths_path}")
+    write_text_atomic(paths_path, "".join(f"{p}\n" for p in split.paths))
+    fingerprint = model_fingerprint(model, preprocessing)
+    write_text_atomic(info_path, json.dumps({"checkpoint": str(Path(args.checkpoint).resolve()), "fingerprint": fingerprint,
+                                             "preprocessing": preprocessing, "shape": list(split.embeddings.shape)},
+                                            indent=2))
+    print(f"wrote {emb_path} {tuple(split.embeddings.shape)}, {labels_path}, {paths_path}, {info_path} "
+          f"(fingerprint {fingerprint})")
     return 0

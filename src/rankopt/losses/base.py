@@ -235,16 +235,18 @@ class RankLoss(nn.Module):
         """The loss on a validated float32 :class:`RetrievalSet` (a scalar).
 
         Default, for row-local losses: the mean over queries with a positive of
-        :meth:`query_terms`, evaluated by :meth:`rowwise` with ``max_i |P_i| * M`` elements per row.
+        :meth:`query_terms`, evaluated by :meth:`rowwise` with :meth:`elements_per_row` elements per row.
         """
-        num_pos = batch.num_positives
-        per_row = max(1, int(num_pos.max())) * batch.scores.shape[1]
-
         def terms(scores: torch.Tensor, levels: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
             return self.query_terms(scores, levels, valid, batch.num_levels)
 
-        per_query = self.rowwise(terms, batch.scores, batch.levels, batch.valid, elements_per_row=per_row)
-        return self.average_over_queries(per_query, num_pos > 0)
+        per_query = self.rowwise(terms, batch.scores, batch.levels, batch.valid, elements_per_row=self.elements_per_row(batch))
+        return self.average_over_queries(per_query, batch.num_positives > 0)
+
+    def elements_per_row(self, batch: RetrievalSet) -> int:
+        """Elements of the largest per-query intermediate of :meth:`query_terms` (the chunking of
+        :meth:`compute`): ``max_i |P_i| * M`` by default."""
+        return max(1, int(batch.num_positives.max())) * batch.scores.shape[1]
 
     def query_terms(self, scores: torch.Tensor, levels: torch.Tensor, valid: torch.Tensor, num_levels: int) -> torch.Tensor:
         """Per-query loss ``(C,)`` of a chunk of full rows (``scores``, ``levels``, ``valid``: ``(C, M)``)."""

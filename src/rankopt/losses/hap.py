@@ -8,7 +8,7 @@ import torch
 
 from rankopt.losses.registry import LOSSES
 from rankopt.losses.sup_ap import SupRankLoss
-from rankopt.rank.relevance import relevance
+from rankopt.rank.relevance import level_counts, relevance
 from rankopt.rank.surrogates import pairwise_step_counts
 
 
@@ -21,6 +21,8 @@ class HAPLoss(SupRankLoss):
 
     ``rel`` is TPAMI Eq. 20, ``(l/L)^alpha / |Omega^(l)|`` (``relevance="hap"``, ``alpha = 1``),
     or the ΣwAP relevance of Property 1 (``relevance="sum_wap"``, optional level ``weights``).
+    ``rel`` depends only on the level, so the sum in Eq. 18 is ``sum_m min(rel(k), rel_m) N_m(k)`` with
+    ``N_m(k)`` the level-``m`` items scored ``>= s_k`` (:meth:`~rankopt.rank.surrogates.Pivots.step_counts`).
     Labels ``(N, L)``, column 0 finest; 1-D labels give exactly Sup-AP.
     """
 
@@ -36,10 +38,17 @@ class HAPLoss(SupRankLoss):
 
     def query_terms(self, scores: torch.Tensor, levels: torch.Tensor, valid: torch.Tensor, num_levels: int) -> torch.Tensor:
         pivots, rank_plus, rank_minus = self.ranks(scores, levels, valid, num_levels)
-        rel_all = relevance(levels, num_levels, valid, kind=self.relevance, alpha=self.alpha, weights=self.weights)
-        rel = torch.gather(rel_all, 1, pivots.index).to(scores.dtype) * pivots.present
-        shared = torch.minimum(rel.unsqueeze(1), rel.unsqueeze(2)) * pivots.pair_mask()
-        h_rank_plus = rel + pairwise_step_counts(pivots.scores, pivots.scores, shared)
+        # rel(k) depends on the query and the level only: rel_of_level[c, m - 1] for m = 1..L
+        of_level = torch.arange(1, num_levels + 1, device=levels.device).expand(levels.shape[0], num_levels)
+        counts = level_counts(levels, num_levels, valid)
+        rel_of_level = relevance(of_level, num_levels, kind=self.relevance, alpha=self.alpha, weights=self.weights, counts=counts).to(scores.dtype)
+        rel = torch.gather(rel_of_level, 1, (pivots.levels - 1).clamp(min=0)) * pivots.present
+        if self.step_counts == "pairwise":
+            shared = torch.minimum(rel.unsqueeze(1), rel.unsqueeze(2)) * pivots.pair_mask()
+            h_rank_plus = rel + pairwise_step_counts(pivots.scores, pivots.scores, shared)
+        else:  # sum_m min(rel(k), rel_m) #{j : l_j = m, s_j >= s_k}, k itself giving rel(k)
+            shared = torch.minimum(rel.unsqueeze(2), rel_of_level.unsqueeze(1))
+            h_rank_plus = (shared * pivots.step_counts(num_levels)).sum(2)
         ratio = torch.where(pivots.present, h_rank_plus / (rank_plus + rank_minus), torch.zeros_like(rank_minus))
         return 1.0 - ratio.sum(1) / rel.sum(1).clamp(min=torch.finfo(rel.dtype).tiny)
 

@@ -4,9 +4,14 @@ from __future__ import annotations
 
 import torch
 
-from rankopt.losses.base import RankLoss
+from rankopt.losses.base import RankLoss, RetrievalSet
 from rankopt.losses.registry import LOSSES
-from rankopt.rank.surrogates import Pivots, default_delta, sup_negative_rank
+from rankopt.rank.surrogates import Pivots, default_delta, has_lower_item, sup_negative_rank
+
+STEP_COUNTS = ("sorted", "pairwise")
+"""How the exact step parts are counted: ``"sorted"`` (each row's pivots sorted once, per-level
+suffix sums; only pivots with a less relevant item enter the ``H^-`` kernel) or ``"pairwise"``
+(``P^2`` comparisons per query, every pivot through the kernel: the previous path, kept as the reference)."""
 
 
 class SupRankLoss(RankLoss):
@@ -14,26 +19,43 @@ class SupRankLoss(RankLoss):
     ``rank^+`` (no gradient) and ``H^-`` (TPAMI Eq. 4, :func:`~rankopt.rank.surrogates.sup_step`)
     in ``rank_s^-`` (TPAMI Eq. 5). Defaults: ``tau = 0.01``, ``rho = 100``,
     ``delta = tau ln((1 - eps) / eps)`` with ``eps = 1e-2`` (~0.0459), ``start = 0.5``.
+    ``step_counts``: one of :data:`STEP_COUNTS` (same values and gradients; ``"sorted"`` costs
+    ``O(P log P + P L + A M)`` per query for ``A`` pivots with a less relevant item, ``"pairwise"`` ``O(P^2 + P M)``).
     """
 
-    def __init__(self, *, tau: float = 0.01, rho: float = 100.0, delta: float | None = None, start: float = 0.5, **kwargs) -> None:
+    def __init__(
+        self, *, tau: float = 0.01, rho: float = 100.0, delta: float | None = None, start: float = 0.5, step_counts: str = "sorted", **kwargs
+    ) -> None:
         super().__init__(**kwargs)
         if tau <= 0 or rho < 0:
             raise ValueError(f"need tau > 0 and rho >= 0, got tau={tau}, rho={rho}")
-        self.tau, self.rho, self.start = float(tau), float(rho), float(start)
+        if step_counts not in STEP_COUNTS:
+            raise ValueError(f"unknown step_counts {step_counts!r}; use one of {', '.join(STEP_COUNTS)}")
+        self.tau, self.rho, self.start, self.step_counts = float(tau), float(rho), float(start), step_counts
         self.delta = default_delta(tau) if delta is None else float(delta)
         if self.delta < 0:
             raise ValueError(f"delta must be >= 0, got {delta}")
+
+    def elements_per_row(self, batch: RetrievalSet) -> int:
+        """``"sorted"``: ``max(A_i, L) * M`` with ``A_i`` the query's pivots entering the ``H^-`` kernel."""
+        if self.step_counts == "pairwise":
+            return super().elements_per_row(batch)
+        active = int(has_lower_item(batch.levels, batch.valid).sum(1).max())
+        return max(1, active, batch.num_levels) * batch.scores.shape[1]
 
     def ranks(self, scores: torch.Tensor, levels: torch.Tensor, valid: torch.Tensor, num_levels: int) -> tuple[Pivots, torch.Tensor, torch.Tensor]:
         """The positives of each row with their exact ``rank^+`` and smooth ``rank_s^-``, ``(C, P)``."""
         pivots = Pivots(scores, levels, valid)
         masks, group = pivots.lower_masks(levels, valid, num_levels)
-        rank_minus = sup_negative_rank(scores, pivots, masks, group, tau=self.tau, rho=self.rho, delta=self.delta, start=self.start)
-        return pivots, pivots.positive_rank(), rank_minus
+        kernel = dict(tau=self.tau, rho=self.rho, delta=self.delta, start=self.start)
+        if self.step_counts == "pairwise":
+            return pivots, pivots.pairwise_positive_rank(), sup_negative_rank(scores, pivots, masks, group, **kernel)
+        active = torch.gather(has_lower_item(levels, valid), 1, pivots.index) & pivots.present
+        return pivots, pivots.positive_rank(num_levels), sup_negative_rank(scores, pivots, masks, group, active=active, **kernel)
 
     def extra_repr(self) -> str:
-        return f"tau={self.tau}, rho={self.rho}, delta={self.delta:.4g}, start={self.start}, " + super().extra_repr()
+        steps = "" if self.step_counts == "sorted" else f", step_counts={self.step_counts!r}"
+        return f"tau={self.tau}, rho={self.rho}, delta={self.delta:.4g}, start={self.start}{steps}, " + super().extra_repr()
 
 
 @LOSSES.register("sup_ap")

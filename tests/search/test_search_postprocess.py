@@ -150,3 +150,26 @@ def test_embed_writes_the_fingerprint_an_index_of_its_vectors_needs(tree: Path, 
     assert other["fingerprint"] != info["fingerprint"] and other["preprocessing"]["image_size"] == 48
     with pytest.raises(ValueError, match="fingerprint"):
         index.search(np.load(tmp_path / "F.npy"), 3, fingerprint=other["fingerprint"])
+
+
+def test_cli_refuses_a_user_folder_as_index_before_embedding_and_names_a_non_image(tree: Path, checkpoint: Path,
+                                                                                    tmp_path: Path, capsys,
+                                                                                    monkeypatch):
+    import rankopt.search.embedder as embedder_module
+
+    def must_not_embed(*args, **kwargs):
+        raise AssertionError("embedding started before the output folder was checked")
+
+    monkeypatch.setattr(embedder_module, "embed_dataset", must_not_embed)
+    before = sorted(p.name for p in tree.rglob("*"))
+    assert main(["index", str(checkpoint), "--images", str(tree), "--out", str(tree), "--no-progress"]) == 1
+    assert "not a rankopt index: refusing to replace it" in capsys.readouterr().err
+    assert sorted(p.name for p in tree.rglob("*")) == before
+    monkeypatch.undo()
+
+    assert main(["index", str(checkpoint), "--images", str(tree), "--out", str(tmp_path / "idx"), "--no-progress"]) == 0
+    text = tmp_path / "notes.png"
+    text.write_text("not a picture")
+    capsys.readouterr()
+    assert main(["search", str(tmp_path / "idx"), str(text), "--no-progress"]) == 1
+    assert "notes.png" in (err := capsys.readouterr().err) and "not an image file Pillow can read" in err

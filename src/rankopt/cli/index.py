@@ -42,9 +42,11 @@ def register(subparsers: Any) -> None:
 def run(args: argparse.Namespace) -> int:
     from rankopt.cli._postprocess import postprocessing_from_args
     from rankopt.search import Embedder, Index
+    from rankopt.search.storage import check_target
 
     if args.images is not None and (args.root is not None or args.split is not None):
         raise ValueError("--root/--split go with --dataset, not --images")
+    check_target(args.out)  # before the embedding: a user's folder is never overwritten
     if args.images is not None:
         gallery: Any = args.images
     else:

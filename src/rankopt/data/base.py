@@ -245,7 +245,8 @@ class RetrievalDataset(torch.utils.data.Dataset):
         try:
             img = load_image(path)
         except (OSError, UnidentifiedImageError, ValueError, KeyError, zipfile.BadZipFile) as err:
-            raise BadImageError(f"cannot read image {path!r} (listed at {self.sources[index]}): {err}") from err
+            why = "not an image file Pillow can read" if isinstance(err, UnidentifiedImageError) else err
+            raise BadImageError(f"cannot read image {path!r} (listed at {self.sources[index]}): {why}") from err
         box = self.boxes.get(index)
         return img.crop(tuple(int(round(v)) for v in box)) if box is not None else img
 

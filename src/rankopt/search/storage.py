@@ -60,12 +60,7 @@ def write(directory: str | os.PathLike[str], stored: StoredIndex) -> Path:
     """
     from safetensors.torch import save_file
 
-    target = Path(directory)
-    if target.exists() and not target.is_dir():
-        raise ValueError(f"index folder {str(target)!r} is a file")
-    if target.is_dir() and any(target.iterdir()) and not (target / INDEX_JSON).is_file():
-        raise ValueError(f"{str(target)!r} is a non-empty folder without {INDEX_JSON}, not a rankopt index: "
-                         "refusing to replace it; choose another --out")
+    target = check_target(directory)
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent))
     try:
@@ -81,6 +76,18 @@ def write(directory: str | os.PathLike[str], stored: StoredIndex) -> Path:
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+    return target
+
+
+def check_target(directory: str | os.PathLike[str]) -> Path:
+    """``directory`` as a place an index may be written: absent, empty, or an index folder (replaced);
+    a file or a non-empty folder of other things (a user's data) is refused."""
+    target = Path(directory)
+    if target.exists() and not target.is_dir():
+        raise ValueError(f"index folder {str(target)!r} is a file")
+    if target.is_dir() and any(target.iterdir()) and not (target / INDEX_JSON).is_file():
+        raise ValueError(f"{str(target)!r} is a non-empty folder without {INDEX_JSON}, not a rankopt index: "
+                         "refusing to replace it; choose another --out")
     return target
 
 

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -25,11 +27,31 @@ def write_text_atomic(path: str | os.PathLike[str], text: str) -> Path:
     return path
 
 
-def read_npy(path: str | os.PathLike[str], what: str = "array") -> np.ndarray:
+@contextlib.contextmanager
+def open_npy_atomic(path: str | os.PathLike[str], shape: tuple[int, ...], dtype: np.dtype | type = np.float32) -> Iterator[np.memmap]:
+    """A writable ``.npy`` memory map of ``shape`` to fill in the ``with`` block; then flushed and moved to
+    ``path`` (``os.replace``), so an interrupted writer never leaves a truncated file (the temporary file in
+    the same folder is removed). The map stays usable after the block (it follows the renamed file)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        array = np.lib.format.open_memmap(tmp, mode="w+", dtype=np.dtype(dtype), shape=shape)
+        yield array
+        array.flush()
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+def read_npy(path: str | os.PathLike[str], what: str = "array", *, mmap: bool = False) -> np.ndarray:
     """A numeric array from a ``.npy`` file, never unpickling; clear errors for other files.
 
     A file that does not start with the ``.npy`` magic bytes is "not a NumPy array file" (a text
     or CSV file renamed ``.npy``, say); an object array (pickled Python objects) is refused.
+    ``mmap``: the array is memory-mapped copy-on-write (``mmap_mode="c"``): pages are read on
+    demand, so a file larger than memory can be scanned, and the file itself is never written.
     """
     path = Path(path)
     if not path.is_file():
@@ -51,6 +73,6 @@ def read_npy(path: str | os.PathLike[str], what: str = "array") -> np.ndarray:
         raise ValueError(f"{what} file {str(path)!r} holds Python objects (dtype=object), not numbers; "
                          "rankopt reads numeric arrays only and never unpickles")
     try:
-        return np.load(path, allow_pickle=False)
+        return np.load(path, allow_pickle=False, mmap_mode="c" if mmap else None)
     except ValueError as err:
         raise ValueError(f"{what} file {str(path)!r} is a damaged .npy file: {err}") from None

@@ -47,7 +47,7 @@ def run(args: argparse.Namespace) -> int:
     from rankopt.cli.evaluate import load_for_inference
     from rankopt.engine.assembly import inference_preprocessing
     from rankopt.engine.evaluation import embed_dataset
-    from rankopt.files import write_text_atomic
+    from rankopt.files import open_npy_atomic, write_text_atomic
     from rankopt.models.fingerprint import model_fingerprint
 
     if args.images is not None and (args.dataset is not None or args.split is not None):
@@ -69,14 +69,13 @@ def run(args: argparse.Namespace) -> int:
     preprocessing = inference_preprocessing(cfg)
     post = postprocessing_from_args(args, model_fingerprint(model, preprocessing))
     preprocessing |= post.preprocessing()
+    emb_path, labels_path, paths_path, info_path = output_paths(args.out)
+    # bounded memory: one batch of images, the embeddings written straight into E.npy (whitened batch by batch)
     split = embed_dataset(post.wrap_model(model), dataset, batch_size=args.batch_size or cfg.eval.batch_size,
                           device=device, num_workers=args.num_workers, show_progress=not args.no_progress,
-                          batch_transform=batch_transform)
-    split.embeddings = post.whiten(split.embeddings)
-    emb_path, labels_path, paths_path, info_path = output_paths(args.out)
-    emb_path.parent.mkdir(parents=True, exist_ok=True)
-    np.save(emb_path, split.embeddings.numpy().astype(np.float32))
-    np.save(labels_path, split.labels.numpy())
+                          batch_transform=batch_transform, embedding_transform=post.whiten, out=emb_path)
+    with open_npy_atomic(labels_path, tuple(split.labels.shape), np.int64) as labels:
+        labels[:] = split.labels.numpy()
     write_text_atomic(paths_path, "".join(f"{p}\n" for p in split.paths))
     fingerprint = model_fingerprint(model, preprocessing)
     write_text_atomic(info_path, json.dumps({"checkpoint": str(Path(args.checkpoint).resolve()), "fingerprint": fingerprint,

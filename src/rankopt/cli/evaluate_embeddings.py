@@ -33,15 +33,16 @@ def register(subparsers: Any) -> None:
 
 
 def _load(path: str, what: str) -> Any:
+    """The array of ``path`` as a tensor over its memory map (pages read on demand: sets larger than memory)."""
     import numpy as np
     import torch
 
     from rankopt.files import read_npy
 
-    array = read_npy(path, what)
+    array = read_npy(path, what, mmap=True)
     if array.ndim == 0 or array.shape[0] == 0:
         raise ValueError(f"{what} file {path} has 0 rows")
-    return torch.from_numpy(np.ascontiguousarray(array))
+    return torch.from_numpy(array if array.flags.c_contiguous else np.ascontiguousarray(array))
 
 
 def run(args: argparse.Namespace) -> int:

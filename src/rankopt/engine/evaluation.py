@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -57,11 +58,21 @@ def _distributed() -> tuple[int, int]:
 def embed_dataset(model: torch.nn.Module, dataset: Dataset, *, batch_size: int = 256,
                   device: torch.device | str = "cpu", num_workers: int = 0, amp: str = "none",
                   show_progress: bool = True, desc: str = "embedding",
-                  batch_transform: Callable[[torch.Tensor], torch.Tensor] | None = None) -> EmbeddedSplit:
+                  batch_transform: Callable[[torch.Tensor], torch.Tensor] | None = None,
+                  embedding_transform: Callable[[torch.Tensor], torch.Tensor] | None = None,
+                  out: str | os.PathLike[str] | None = None) -> EmbeddedSplit:
     """Embed every item of ``dataset`` (``model`` in eval mode, restored afterwards).
 
     ``batch_transform``: applied to each ``(B, 3, H, W)`` batch on ``device`` (datasets built without a transform).
+    ``embedding_transform``: applied to each batch's ``(B, D)`` embeddings before they are stored (row-wise,
+    e.g. a whitening). The output ``(N, D)`` is allocated once the first batch gives ``D`` and filled in
+    place, so memory holds one batch of images and the embeddings once. ``out``: the embeddings are written
+    straight into that ``.npy`` file (memory-mapped, moved into place when complete,
+    :func:`rankopt.files.open_npy_atomic`) and the returned split's embeddings are that memory map. Under
+    ``torch.distributed`` the shards are gathered in memory and rank 0 writes ``out``.
     """
+    from rankopt.files import open_npy_atomic
+
     device = torch.device(device)
     rank, world = _distributed()
     shard = np.array_split(np.arange(len(dataset)), world)[rank]
@@ -69,22 +80,39 @@ def embed_dataset(model: torch.nn.Module, dataset: Dataset, *, batch_size: int =
                         num_workers=num_workers, generator=torch.Generator().manual_seed(0))
     was_training = model.training
     model.eval()
-    chunks = []
-    for batch in progress(loader, desc=desc, enabled=show_progress and rank == 0):
-        images = batch["image"].to(device, non_blocking=True)
-        if batch_transform is not None:
-            images = batch_transform(images)
-        with autocast_context(device, amp):
-            chunks.append(model(images).float())
+    local: torch.Tensor | None = None  # (N_local, D), allocated when the first batch gives D
+    filled = 0
+    with contextlib.ExitStack() as files:
+        def allocate(dim: int) -> torch.Tensor:
+            if out is not None and world == 1:
+                return torch.from_numpy(files.enter_context(open_npy_atomic(out, (len(shard), dim), np.float32)))
+            return torch.empty((len(shard), dim), device=device if world > 1 else "cpu")  # gathered on device
+
+        for batch in progress(loader, desc=desc, enabled=show_progress and rank == 0):
+            images = batch["image"].to(device, non_blocking=True)
+            if batch_transform is not None:
+                images = batch_transform(images)
+            with autocast_context(device, amp):
+                embeddings = model(images).float()
+            if embedding_transform is not None:
+                embeddings = embedding_transform(embeddings)
+            if local is None:
+                local = allocate(embeddings.shape[1])
+            local[filled : filled + embeddings.shape[0]] = embeddings
+            filled += embeddings.shape[0]
+        if local is None:
+            local = allocate(getattr(model, "embedding_dim", 0))
     model.train(was_training)
-    local = torch.cat(chunks) if chunks else torch.empty(0, getattr(model, "embedding_dim", 0), device=device)
     if world > 1:
         from rankopt.engine.distributed import gather_for_evaluation
 
-        local = gather_for_evaluation(local)
+        local = gather_for_evaluation(local).cpu()
+        if out is not None and rank == 0:
+            with open_npy_atomic(out, tuple(local.shape), np.float32) as array:
+                array[:] = local.numpy()
     labels = torch.as_tensor(np.asarray(dataset.labels), dtype=torch.long)  # type: ignore[attr-defined]
     metadata = dict(getattr(dataset, "metadata", {}) or {})
-    return EmbeddedSplit(local.cpu(), labels, list(dataset.paths), metadata)  # type: ignore[attr-defined]
+    return EmbeddedSplit(local, labels, list(dataset.paths), metadata)  # type: ignore[attr-defined]
 
 
 def query_ref_index(query_paths: Sequence[str], gallery_paths: Sequence[str]) -> torch.Tensor:

@@ -39,14 +39,16 @@ def score_chunks(
     ``exclude``: ``(Q,)`` int64, the reference excluded from each query's results (``-1``:
     none); its score is ``-inf``, so it sorts after every real item. ``ref=None`` means the
     query set is the gallery, and ``exclude`` defaults to each query itself (``arange(Q)``).
+    The reference set is prepared (L2-normalised for cosine) once; a separate query set is read and
+    prepared chunk by chunk, so a memory-mapped ``query`` is never held whole in memory.
     """
-    q = prepare(query, similarity)
-    r = q if ref is None else prepare(ref, similarity)
+    r = prepare(query if ref is None else ref, similarity)
     if exclude is None and ref is None:
-        exclude = torch.arange(q.shape[0], device=q.device)
-    starts = range(0, q.shape[0], chunk_size)
+        exclude = torch.arange(r.shape[0], device=r.device)
+    starts = range(0, query.shape[0], chunk_size)
     for start in tqdm(starts, disable=not progress, desc="evaluating", unit="chunk", leave=False):
-        scores = pairwise(q[start : start + chunk_size], r, similarity, prepared=True)
+        block = r[start : start + chunk_size] if ref is None else prepare(query[start : start + chunk_size], similarity)
+        scores = pairwise(block, r, similarity, prepared=True)
         if exclude is not None:
             own = exclude[start : start + chunk_size].to(scores.device)
             rows = (own >= 0).nonzero().squeeze(1)

@@ -8,7 +8,8 @@ import json
 import numpy as np
 import pytest
 import torch
-from torch.utils.data import Dataset
+
+from engine.test_evaluation import Points  # the synthetic dataset of the embedding tests
 
 from rankopt.cli import main
 from rankopt.engine.evaluation import embed_dataset
@@ -16,21 +17,6 @@ from rankopt.files import open_npy_atomic, read_npy
 from rankopt.metrics import evaluate
 from rankopt.metrics.search import score_chunks
 from rankopt.similarity import pairwise
-
-
-class Points(Dataset):
-    """SYNTHETIC: 'images' are 4-d vectors; the model is a linear map."""
-
-    def __init__(self, n: int):
-        self.x = torch.randn(n, 4, generator=torch.Generator().manual_seed(n))
-        self.labels = np.arange(n).reshape(-1, 1) % 5
-        self.paths = [f"p{i}" for i in range(n)]
-
-    def __len__(self):
-        return len(self.x)
-
-    def __getitem__(self, i):
-        return {"image": self.x[i], "label": torch.tensor(self.labels[i]), "index": i, "path": self.paths[i]}
 
 
 class FailsAfter(torch.nn.Linear):
@@ -49,7 +35,7 @@ class FailsAfter(torch.nn.Linear):
 
 def test_embed_dataset_writes_the_embeddings_into_the_npy_file(tmp_path):
     torch.manual_seed(0)
-    model, ds = torch.nn.Linear(4, 3), Points(23)
+    model, ds = torch.nn.Linear(4, 3), Points(23, seed=23)
     in_memory = embed_dataset(model, ds, batch_size=5, show_progress=False)
     out = tmp_path / "E.npy"
     on_disk = embed_dataset(model, ds, batch_size=5, show_progress=False, out=out,
@@ -64,7 +50,7 @@ def test_embed_dataset_writes_the_embeddings_into_the_npy_file(tmp_path):
 def test_an_interrupted_embedding_leaves_no_file(tmp_path):
     out = tmp_path / "E.npy"
     with pytest.raises(RuntimeError, match="interrupted"):
-        embed_dataset(FailsAfter(calls=3), Points(23), batch_size=5, show_progress=False, out=out)
+        embed_dataset(FailsAfter(calls=3), Points(23, seed=23), batch_size=5, show_progress=False, out=out)
     assert list(tmp_path.iterdir()) == []
 
 

@@ -9,7 +9,8 @@ size of the embeddings ``N x D x 4`` bytes.
 (a) ``rankopt embed CKPT --images DIR --out E.npy``: N generated 32 x 32 PNGs, the omniglot recipe's
     convnet (untrained), batch size 256: the embeddings are written straight into ``E.npy``.
 (b) ``rankopt evaluate-embeddings``: 1,000 queries against N memory-mapped d = 128 vectors (cosine,
-    recall@1, recall@10, map@r, map).
+    recall@1, recall@10, map@r, map); at the largest N once more with ``--ref-block-size`` (the gallery
+    read and normalised block by block instead of whole).
 
     python benchmarks/bench_memory.py --threads 2                                    # full run
     python benchmarks/bench_memory.py --embed-sizes 2000 --eval-sizes 10000 --no-write   # quick check
@@ -109,8 +110,9 @@ def embed_case(work: Path, num: int, checkpoint: Path, threads: int) -> dict:
     return row("embed", num, dim, figures)
 
 
-def eval_case(work: Path, num: int, queries: int, dim: int, threads: int) -> dict:
-    """1,000 queries vs ``num`` vectors in ``num // 10`` classes (a class centre plus noise), written block by block."""
+def eval_case(work: Path, num: int, queries: int, dim: int, threads: int, ref_block_size: int | None = None) -> dict:
+    """1,000 queries vs ``num`` vectors in ``num // 10`` classes (a class centre plus noise), written block by block;
+    with ``ref_block_size``, evaluated with ``--ref-block-size``."""
     gen = np.random.default_rng(num)
     classes = max(2, num // 10)
     centres = gen.standard_normal((classes, dim), dtype=np.float32)
@@ -125,8 +127,9 @@ def eval_case(work: Path, num: int, queries: int, dim: int, threads: int) -> dic
         paths[name] = (str(work / f"{name}.npy"), str(work / f"{name}.labels.npy"))
     figures = measure(["evaluate-embeddings", "--embeddings", paths["E"][0], "--labels", paths["E"][1],
                        "--query-embeddings", paths["Q"][0], "--query-labels", paths["Q"][1],
-                       "--metrics", "recall@1", "recall@10", "map@r", "map", "--no-progress"], threads)
-    return row("evaluate", num, dim, figures)
+                       "--metrics", "recall@1", "recall@10", "map@r", "map", "--no-progress",
+                       *(["--ref-block-size", str(ref_block_size)] if ref_block_size else [])], threads)
+    return row(f"evaluate --ref-block-size {ref_block_size:,}" if ref_block_size else "evaluate", num, dim, figures)
 
 
 def main() -> None:
@@ -134,6 +137,8 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2, help="torch threads of each command")
     parser.add_argument("--embed-sizes", type=int, nargs="+", default=[10_000, 50_000])
     parser.add_argument("--eval-sizes", type=int, nargs="+", default=[10_000, 50_000, 200_000])
+    parser.add_argument("--ref-block-size", type=int, default=10_000,
+                        help="gallery rows per block of the extra evaluate row at the largest N (0: no such row)")
     parser.add_argument("--queries", type=int, default=1000)
     parser.add_argument("--dim", type=int, default=128)
     parser.add_argument("--no-write", action="store_true", help="print only")
@@ -151,6 +156,9 @@ def main() -> None:
             print(rows[-1], flush=True)
         for num in args.eval_sizes:
             rows.append(eval_case(work, num, args.queries, args.dim, args.threads))
+            print(rows[-1], flush=True)
+        if args.ref_block_size:
+            rows.append(eval_case(work, max(args.eval_sizes), args.queries, args.dim, args.threads, args.ref_block_size))
             print(rows[-1], flush=True)
     finally:
         shutil.rmtree(work, ignore_errors=True)
@@ -182,7 +190,8 @@ def report(rows: list[dict], args: argparse.Namespace, started: datetime.datetim
         "recipe's convnet (untrained), batch size 256, the embeddings written straight into `E.npy`. "
         f"(b) `rankopt evaluate-embeddings`: {args.queries:,} memory-mapped queries against N memory-mapped "
         f"vectors (d = {args.dim}, cosine, recall@1, recall@10, map@r, map): the gallery is L2-normalised once "
-        "in memory; the query chunks are read and normalised one at a time.", "",
+        "in memory; the query chunks are read and normalised one at a time. With `--ref-block-size ROWS` the gallery "
+        "too is read and normalised ROWS rows at a time, never whole (no prepared copy of it in memory).", "",
         "| command | N | d | embeddings (MiB) | baseline RSS (MiB) | peak RSS above (MiB) | peak anonymous above (MiB) | seconds |",
         "|---|---:|---:|---:|---:|---:|---:|---:|",
     ]

@@ -9,6 +9,9 @@ from __future__ import annotations
 
 import torch
 
+FINITE_CHECK_ROWS = 65536
+"""Rows checked for NaN/Inf at a time (bounded memory on memory-mapped embeddings)."""
+
 _MAX_LISTED = 5
 
 
@@ -31,7 +34,9 @@ def check_embeddings(x: torch.Tensor, name: str = "embeddings", min_rows: int = 
         raise ValueError(f"{name} has {x.shape[0]} rows; at least {min_rows} needed")
     if x.shape[1] == 0:
         raise ValueError(f"{name} has 0 dimensions")
-    bad = ~torch.isfinite(x).all(dim=1)
+    # row blocks: a memory-mapped set is read block by block, never copied whole
+    bad = torch.cat([~torch.isfinite(x[start : start + FINITE_CHECK_ROWS]).all(dim=1)
+                     for start in range(0, x.shape[0], FINITE_CHECK_ROWS)]) if x.shape[0] else torch.zeros(0, dtype=torch.bool)
     if bool(bad.any()):
         idx = bad.nonzero().flatten()
         raise ValueError(f"{name} has {idx.numel()} row(s) with NaN or Inf values: rows {_rows(idx)}")

@@ -1,5 +1,6 @@
 """Memory-bounded embedding and evaluation: embeddings written straight into a ``.npy`` memory map,
-evaluated from a memory-mapped file, query chunks prepared one at a time; results equal the in-memory path."""
+evaluated from a memory-mapped file, query chunks prepared one at a time, the reference set read in
+blocks (``ref_block_size``); results equal the in-memory path."""
 
 from __future__ import annotations
 
@@ -15,7 +16,8 @@ from rankopt.cli import main
 from rankopt.engine.evaluation import embed_dataset
 from rankopt.files import open_npy_atomic, read_npy
 from rankopt.metrics import evaluate
-from rankopt.metrics.search import score_chunks
+from rankopt.metrics.evaluation import MAX_COUNTED_POSITIVES
+from rankopt.metrics.search import ref_block_scores, score_chunks
 from rankopt.similarity import pairwise
 
 
@@ -118,3 +120,112 @@ def test_evaluate_embeddings_reads_memory_mapped_files(tmp_path):
     assert main(["evaluate-embeddings", "--embeddings", str(tmp_path / "e.npy"), "--labels", str(tmp_path / "l.npy"),
                  "--metrics", "recall@1", "map", "--chunk-size", "4", "--json", str(json_path), "--no-progress"]) == 0
     assert json.loads(json_path.read_text())["metrics"] == expected
+
+
+BLOCKED_METRICS = ["recall@1", "recall@5", "recall@100", "precision@3", "true_recall@4", "map@r", "map@5", "map", "mrr"]
+
+
+def _mapped(tmp_path, name: str, array: torch.Tensor) -> torch.Tensor:
+    """``array`` saved as ``name.npy`` and read back as a tensor over its memory map."""
+    np.save(tmp_path / f"{name}.npy", array.numpy())
+    return torch.from_numpy(read_npy(tmp_path / f"{name}.npy", mmap=True))
+
+
+def _assert_same(got, expected):
+    assert got.metrics.keys() == expected.metrics.keys()
+    for name, value in expected.metrics.items():
+        assert got.metrics[name] == pytest.approx(value, abs=1e-6), name
+    assert (got.num_excluded, got.num_queries_without_positive) == (expected.num_excluded, expected.num_queries_without_positive)
+
+
+def _points(seed: int, rows: int, similarity: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """Quantised embeddings (many exact ties) for ``dot``; Gaussian ones otherwise. Labels in 6 classes."""
+    gen = torch.Generator().manual_seed(seed)
+    emb = torch.randint(-2, 3, (rows, 4), generator=gen).float() if similarity == "dot" else torch.randn(rows, 4, generator=gen)
+    return emb, torch.randint(0, 6, (rows,), generator=gen)
+
+
+@pytest.mark.parametrize("similarity", ["dot", "cosine", "neg_l2"])
+@pytest.mark.parametrize("block", [1, 7, 47])
+def test_self_retrieval_with_the_reference_set_in_blocks_equals_the_in_memory_path(tmp_path, similarity, block):
+    emb, labels = _points(4, 47, similarity)
+    expected = evaluate(emb, labels, metrics=BLOCKED_METRICS, similarity=similarity)
+    got = evaluate(_mapped(tmp_path, "e", emb), labels, metrics=BLOCKED_METRICS, similarity=similarity,
+                   chunk_size=10, ref_block_size=block)
+    _assert_same(got, expected)
+
+
+@pytest.mark.parametrize("similarity", ["dot", "cosine"])
+@pytest.mark.parametrize("block", [1, 7, 40])
+def test_a_gallery_in_blocks_with_query_copies_equals_the_in_memory_path(tmp_path, similarity, block):
+    ref, ref_labels = _points(5, 40, similarity)
+    query, query_labels = _points(6, 17, similarity)
+    own = torch.randint(-1, 40, (17,), generator=torch.Generator().manual_seed(7))
+    query[own >= 0] = ref[own[own >= 0]]  # a query with a copy in the gallery is that copy
+    query_labels[own >= 0] = ref_labels[own[own >= 0]]
+    for index in (None, own):
+        expected = evaluate(query, query_labels, ref, ref_labels, metrics=BLOCKED_METRICS, similarity=similarity,
+                            query_ref_index=index)
+        got = evaluate(_mapped(tmp_path, "q", query), query_labels, _mapped(tmp_path, "r", ref), ref_labels,
+                       metrics=BLOCKED_METRICS, similarity=similarity, chunk_size=6, query_ref_index=index,
+                       ref_block_size=block)
+        _assert_same(got, expected)
+
+
+def test_ref_block_scores_reads_only_blocks_and_excludes_by_index():
+    gen = torch.Generator().manual_seed(8)
+    query, ref = torch.randn(5, 3, generator=gen), torch.randn(11, 3, generator=gen)
+    read: list[int] = []
+
+    class Rows:  # a reference set that records the rows read
+        shape = ref.shape
+
+        def __getitem__(self, rows: slice) -> torch.Tensor:
+            read.append(len(range(*rows.indices(ref.shape[0]))))
+            return ref[rows]
+
+    exclude = torch.tensor([10, -1, 0, 4, 4])
+    blocks = list(ref_block_scores(query, Rows(), similarity="dot", block_size=4, exclude=exclude))
+    assert read == [4, 4, 3] and [start for start, _ in blocks] == [0, 4, 8]
+    expected = pairwise(query, ref, "dot")
+    expected[[0, 2, 3, 4], [10, 0, 4, 4]] = float("-inf")
+    torch.testing.assert_close(torch.cat([scores for _, scores in blocks], dim=1), expected)
+
+
+def test_ref_block_size_refuses_what_needs_whole_rows():
+    emb, labels = _points(9, 20, "cosine")
+    with pytest.raises(ValueError, match="need whole rows"):
+        evaluate(emb, torch.stack([labels, labels // 2], dim=1), metrics=["recall@1", "h-ap"], ref_block_size=4)
+    with pytest.raises(ValueError, match="backend='torch'"):
+        evaluate(emb, labels, metrics=["recall@1"], backend="faiss", ref_block_size=4)
+    with pytest.raises(ValueError, match="ref_block_size must be >= 1"):
+        evaluate(emb, labels, metrics=["recall@1"], ref_block_size=0)
+    big = torch.zeros(MAX_COUNTED_POSITIVES + 2, dtype=torch.long)
+    with pytest.raises(ValueError, match=f"at most {MAX_COUNTED_POSITIVES} positives"):
+        evaluate(torch.randn(big.numel(), 3), big, metrics=["map"], ref_block_size=4)
+    assert evaluate(torch.randn(big.numel(), 3), big, metrics=["recall@1"], ref_block_size=4).metrics == {"recall@1": 1.0}
+
+
+def test_evaluate_embeddings_ref_block_size_flag(tmp_path, capsys):
+    emb, labels = _points(10, 30, "cosine")
+    np.save(tmp_path / "e.npy", emb.numpy())
+    np.save(tmp_path / "l.npy", labels.numpy())
+    expected = evaluate(emb, labels, metrics=["recall@1", "map"])
+    json_path = tmp_path / "m.json"
+    args = ["evaluate-embeddings", "--embeddings", str(tmp_path / "e.npy"), "--labels", str(tmp_path / "l.npy"),
+            "--metrics", "recall@1", "map", "--ref-block-size", "7", "--json", str(json_path), "--no-progress"]
+    assert main(args) == 0
+    got = json.loads(json_path.read_text())["metrics"]
+    assert got == pytest.approx(expected.metrics, abs=1e-6)
+    assert main([*args[:5], "--metrics", "ndcg", "--ref-block-size", "7"]) == 1
+    assert "evaluate without ref_block_size" in capsys.readouterr().err
+
+
+def test_the_finiteness_check_reads_row_blocks_and_names_the_row():
+    from rankopt.checks import FINITE_CHECK_ROWS, check_embeddings
+
+    x = torch.zeros(FINITE_CHECK_ROWS + 10, 2)
+    x[FINITE_CHECK_ROWS + 3, 1] = float("nan")
+    with pytest.raises(ValueError, match=rf"1 row\(s\) with NaN or Inf values: rows {FINITE_CHECK_ROWS + 3}"):
+        check_embeddings(x)
+    assert check_embeddings(x[:FINITE_CHECK_ROWS]) is not None

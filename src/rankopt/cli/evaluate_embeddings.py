@@ -1,5 +1,5 @@
 """``rankopt evaluate-embeddings --embeddings E.npy --labels L.npy [--query-embeddings Q.npy
---query-labels QL.npy [--query-ref-index IDX.npy]] [--metrics ...] [--similarity cosine] [--json OUT.json]``."""
+--query-labels QL.npy [--query-ref-index IDX.npy]] [--ref-block-size ROWS] [--metrics ...] [--similarity cosine] [--json OUT.json]``."""
 
 from __future__ import annotations
 
@@ -24,6 +24,9 @@ def register(subparsers: Any) -> None:
                         help="e.g. recall@1 recall@10 map@r map h-ap asi ndcg, or 'all' (default: by label levels)")
     parser.add_argument("--similarity", choices=("cosine", "dot", "neg_l2"), default="cosine")
     parser.add_argument("--chunk-size", type=int, metavar="ROWS", help="queries per chunk (default: fits 256 MiB)")
+    parser.add_argument("--ref-block-size", type=int, metavar="ROWS",
+                        help="read and prepare the gallery ROWS rows at a time, never whole (sets larger than memory; "
+                             "top-k metrics, map and mrr)")
     parser.add_argument("--device", default=None, help="cpu, cuda, ... (default: cpu)")
     parser.add_argument("--backend", choices=("torch", "faiss"), default="torch", help="faiss: top-k metrics only")
     parser.add_argument("--alpha", type=float, default=1.0, help="H-AP relevance exponent (TPAMI Eq. 20)")
@@ -65,7 +68,8 @@ def run(args: argparse.Namespace) -> int:
     metrics = list(ALL_METRICS) if args.metrics == ["all"] else args.metrics
     result = evaluate(query, query_labels, ref, ref_labels, metrics=metrics, similarity=args.similarity,
                       chunk_size=args.chunk_size, device=args.device, backend=args.backend,
-                      progress=not args.no_progress, query_ref_index=own, **({"alpha": args.alpha} if args.alpha != 1.0 else {}))
+                      progress=not args.no_progress, query_ref_index=own,
+                      ref_block_size=args.ref_block_size, **({"alpha": args.alpha} if args.alpha != 1.0 else {}))
     width = max(len(name) for name in result.metrics)
     print(f"{result.num_queries} queries, {result.num_queries_without_positive} without a positive (excluded)")
     for name, value in result.metrics.items():

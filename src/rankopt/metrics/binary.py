@@ -58,12 +58,23 @@ def full_ap_and_mrr(scores: torch.Tensor, pos_scores: torch.Tensor, valid: torch
     ``pos_scores``/``valid``: ``(Q, P)`` scores of the positives (padding not valid).
     ``rank(j)`` is counted over the chunk row, ``rank+(j)`` among the positives.
     """
-    t = pos_scores.masked_fill(~valid, float("-inf")).to(scores.dtype)
+    t, ok = sorted_positive_scores(pos_scores, valid, scores.dtype)
+    return ap_and_mrr_from_counts(t, ok, count_at_least(scores, t))
+
+
+def sorted_positive_scores(pos_scores: torch.Tensor, valid: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(t, ok)``: each row's positives' scores in decreasing order, padding (``ok`` False) last, trimmed to the widest row."""
+    t = pos_scores.masked_fill(~valid, float("-inf")).to(dtype)
     t, order = t.sort(dim=1, descending=True)
     ok = valid.gather(1, order)
     width = max(int(ok.sum(dim=1).max()), 1)
-    t, ok = t[:, :width], ok[:, :width]
-    ranks = count_at_least(scores, t).to(torch.float64)
+    return t[:, :width], ok[:, :width]
+
+
+def ap_and_mrr_from_counts(t: torch.Tensor, ok: torch.Tensor, counts: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """AP (TPAMI Eq. 33) and reciprocal rank from the sorted positives' scores ``t``/``ok`` of
+    :func:`sorted_positive_scores` and ``counts = rank(j) = #{k : s_k >= t_j}`` over the retrieval set."""
+    ranks = counts.to(torch.float64)
     rank_plus = ((t.unsqueeze(1) >= t.unsqueeze(2)) & ok.unsqueeze(1)).sum(dim=2).to(torch.float64)
     num_pos = ok.sum(dim=1).to(torch.float64)
     ap = torch.where(ok, rank_plus / ranks, 0.0).sum(dim=1) / num_pos

@@ -17,24 +17,45 @@ Conventions (see the metric modules for the formulas):
   products). ``map`` and ``mrr`` count, per positive, the items scoring at least as high,
   without sorting; hierarchical metrics (or classes larger than ``MAX_COUNTED_POSITIVES``)
   sort each chunk row. The full ``Q x R`` matrix is never materialised.
+* ``ref_block_size`` (a reference set larger than memory, e.g. a memory-mapped ``.npy``): the
+  reference set is read and prepared ``ref_block_size`` rows at a time, for each query chunk;
+  top-k lists are merged block by block, and ``map``/``mrr`` gather the positives' scores in a
+  first pass over the blocks and count the items scoring at least as high in a second one.
+  Hierarchical metrics need whole sorted rows and are refused there.
 """
 
 from __future__ import annotations
 
+import functools
 import math
 import re
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 
 import torch
+from tqdm.auto import tqdm
 
 from rankopt.checks import check_embeddings, check_labels
-from rankopt.metrics.binary import full_ap_and_mrr, full_ap_from_list, topk_metrics
+from rankopt.metrics.binary import (
+    ap_and_mrr_from_counts,
+    full_ap_and_mrr,
+    full_ap_from_list,
+    sorted_positive_scores,
+    topk_metrics,
+)
 from rankopt.metrics.hierarchical import hierarchical_metrics
-from rankopt.metrics.ranking import ClassIndex, list_ranks
-from rankopt.metrics.search import CHUNK_BUDGET_BYTES, default_chunk_size, faiss_topk, score_chunks, self_topk
+from rankopt.metrics.ranking import ClassIndex, count_at_least, list_ranks
+from rankopt.metrics.search import (
+    CHUNK_BUDGET_BYTES,
+    default_chunk_size,
+    faiss_topk,
+    merge_topk,
+    ref_block_scores,
+    score_chunks,
+    self_topk,
+)
 from rankopt.registry import Registry
-from rankopt.similarity import SIMILARITIES
+from rankopt.similarity import SIMILARITIES, prepare
 
 DEFAULT_METRICS = ("recall@1", "recall@10", "map@r", "map")
 DEFAULT_HIERARCHICAL_METRICS = (*DEFAULT_METRICS, "h-ap", "asi", "ndcg")
@@ -145,6 +166,17 @@ def _check_query_ref_index(index: object, num_queries: int, num_refs: int, self_
     return index
 
 
+def _check_ref_block_size(ref_block_size: int, specs: list[MetricSpec], backend: str) -> None:
+    """``ref_block_size`` serves the torch backend's top-k metrics, ``map`` and ``mrr``."""
+    if ref_block_size < 1:
+        raise ValueError(f"ref_block_size must be >= 1, got {ref_block_size}")
+    if backend != "torch":
+        raise ValueError("ref_block_size needs backend='torch' (faiss holds the whole gallery in its index)")
+    hierarchical = [s.name for s in specs if s.kind == "hierarchical"]
+    if hierarchical:
+        raise ValueError(f"metrics {hierarchical} need whole rows; evaluate without ref_block_size (--ref-block-size)")
+
+
 def _levels(ref_labels: torch.Tensor, order: torch.Tensor, query_labels: torch.Tensor) -> torch.Tensor:
     """Relevance levels (shared hierarchy levels) of the references listed in ``order`` (Q, K)."""
     levels = torch.zeros(order.shape, dtype=torch.int64, device=order.device)
@@ -166,6 +198,7 @@ def evaluate(
     backend: str = "torch",
     progress: bool = False,
     query_ref_index: torch.Tensor | None = None,
+    ref_block_size: int | None = None,
     **options: object,
 ) -> EvaluationResult:
     """Exact retrieval metrics (names: ``recall@K``, ``true_recall@K``, ``precision@K``, ``map@r``,
@@ -181,6 +214,11 @@ def evaluate(
     ranked, not a positive, not counted in ``R`` or any level count, whatever its score
     and label (a query with a copy retrieves among ``R - 1`` items, one without among ``R``).
     ``ref_embeddings=None`` is the special case ``ref = query``, ``query_ref_index = arange(Q)``.
+
+    ``ref_block_size`` (rows; default ``None``: the reference set is prepared whole, once): the
+    reference set (the query set in self-retrieval) is read and prepared that many rows at a time,
+    never whole, for sets larger than memory; same results. Top-k metrics, ``map`` and ``mrr``
+    (classes of at most :data:`MAX_COUNTED_POSITIVES` items) only.
     """
     query, q_labels, ref, r_labels = _check_inputs(query_embeddings, query_labels, ref_embeddings, ref_labels)
     unknown = sorted(set(options) - set(OPTIONS))
@@ -198,12 +236,17 @@ def evaluate(
     if backend == "faiss" and any(s.kind != "topk" for s in specs):
         bad = [s.name for s in specs if s.kind != "topk"]
         raise ValueError(f"backend='faiss' serves top-k metrics only; use backend='torch' for {bad}")
+    if ref_block_size is not None:
+        _check_ref_block_size(ref_block_size, specs, backend)
 
     self_retrieval = ref_embeddings is None
     dev = torch.device(device) if device is not None else query.device
     dtype = torch.float64 if query.dtype == torch.float64 else torch.float32
-    query, q_labels = query.to(dev, dtype), q_labels.to(dev)
-    ref, r_labels = (query, q_labels) if self_retrieval else (ref.to(dev, dtype), r_labels.to(dev))
+    if ref_block_size is None:  # otherwise each block is moved on its own
+        query = query.to(dev, dtype)
+        ref = query if self_retrieval else ref.to(dev, dtype)
+    q_labels = q_labels.to(dev)
+    r_labels = q_labels if self_retrieval else r_labels.to(dev)
     if chunk_size is not None and chunk_size < 1:
         raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
     if query_ref_index is not None:
@@ -211,10 +254,19 @@ def evaluate(
     else:
         own = torch.arange(query.shape[0], device=dev) if self_retrieval else None
     ctx = _Context(specs, q_labels, r_labels, own, self_retrieval, options)
+    if ref_block_size is not None and ctx.full_binary and int(ctx.num_pos.max()) > MAX_COUNTED_POSITIVES:
+        raise ValueError(
+            f"map/mrr under ref_block_size count at most {MAX_COUNTED_POSITIVES} positives per query, but a query has "
+            f"{int(ctx.num_pos.max())}; evaluate them without ref_block_size (--ref-block-size)"
+        )
 
     sums: dict[str, float] = {s.name: 0.0 for s in specs}
     counts: dict[str, int] = {s.name: 0 for s in specs}
-    for per_query in _per_query_metrics(ctx, query, ref, similarity, chunk_size, backend, progress):
+    if ref_block_size is not None:
+        per_chunk = _blocked_metrics(ctx, query, ref, similarity, chunk_size, ref_block_size, progress)
+    else:
+        per_chunk = _per_query_metrics(ctx, query, ref, similarity, chunk_size, backend, progress)
+    for per_query in per_chunk:
         for name, values in per_query.items():
             if name in sums:
                 defined = ~values.isnan()
@@ -301,6 +353,35 @@ class _Context:
                 per_query[name][sel] = part
         return per_query
 
+    def from_blocks(self, query: torch.Tensor, ref: torch.Tensor, similarity: str, block_size: int, rows: slice) -> dict[str, torch.Tensor]:
+        """Top-k metrics, ``map`` and ``mrr`` of the prepared query rows ``rows``, the reference set read in blocks.
+
+        Top-k: the per-block top-``K`` lists merged, then :meth:`from_lists`. ``map``/``mrr``: a first
+        pass gathers each positive's score (its rows known by label), a second counts, block by block,
+        ``rank(j) = #{k : s_k >= s_j}`` (excluded items are ``-inf``: never counted).
+        """
+        own = None if self.own is None else self.own[rows]
+        blocks = functools.partial(ref_block_scores, query, ref, similarity=similarity, block_size=block_size, exclude=own)
+        values = torch.empty((query.shape[0], 0), dtype=query.dtype, device=query.device)
+        order = torch.empty((query.shape[0], 0), dtype=torch.long, device=query.device)
+        if self.full_binary:
+            idx, valid = self.classes.members(self.q_labels[rows, 0], own)
+            pos_scores = torch.zeros(idx.shape, dtype=query.dtype, device=query.device)
+        for start, scores in blocks():
+            if self.topk:
+                top, pos = scores.topk(min(self.list_len, scores.shape[1]), dim=1)
+                values, order = merge_topk(values, order, top, pos + start, self.list_len)
+            if self.full_binary:
+                local = idx - start
+                inside = (local >= 0) & (local < scores.shape[1])
+                pos_scores = torch.where(inside, scores.gather(1, local.clamp(0, scores.shape[1] - 1)), pos_scores)
+        per_query = self.from_lists(values, order, rows) if self.topk else {}
+        if self.full_binary:
+            t, ok = sorted_positive_scores(pos_scores, valid, query.dtype)
+            counts = sum(count_at_least(scores, t) for _, scores in blocks())
+            per_query["map"], per_query["mrr"] = ap_and_mrr_from_counts(t, ok, counts)
+        return per_query
+
     def from_ranked(self, values: torch.Tensor, order: torch.Tensor, rows: slice | torch.Tensor) -> dict[str, torch.Tensor]:
         """Every requested metric from whole ranked retrieval sets (``values`` sorted decreasingly, references ``order``)."""
         q_fine, num_pos = self.q_labels[rows, :1], self.num_pos[rows]
@@ -334,3 +415,16 @@ def _per_query_metrics(
         chunk = chunk_size or default_chunk_size(ref.shape[0], bytes_per_score)
         for start, scores in score_chunks(query, gallery, similarity=similarity, chunk_size=chunk, progress=progress, exclude=ctx.own):
             yield ctx.from_scores(scores, start)
+
+
+def _blocked_metrics(
+    ctx: _Context, query: torch.Tensor, ref: torch.Tensor, similarity: str, chunk_size: int | None, block_size: int, progress: bool
+) -> Iterator[dict[str, torch.Tensor]]:
+    """Per-query metric values, query chunk after query chunk, each against the reference set read in blocks."""
+    chunk = chunk_size or default_chunk_size(block_size, bytes_per_score=8)
+    dtype = torch.float64 if query.dtype == torch.float64 else torch.float32
+    starts = range(0, query.shape[0], chunk)
+    for start in tqdm(starts, disable=not progress, desc="evaluating", unit="chunk", leave=False):
+        rows = slice(start, min(start + chunk, query.shape[0]))
+        block = prepare(query[rows].to(ctx.q_labels.device, dtype), similarity)
+        yield ctx.from_blocks(block, ref, similarity, block_size, rows)

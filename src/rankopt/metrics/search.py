@@ -4,7 +4,8 @@ The full ``Q x R`` score matrix is never materialised: queries are processed in
 chunks whose ``chunk x R`` block fits a memory budget. A query's own item (the query
 itself when the query set is the gallery, or its copy in a gallery that contains the
 queries) is excluded **by index** (its score is set to ``-inf`` in the chunk), never
-by dropping the first neighbour.
+by dropping the first neighbour. :func:`ref_block_scores` also splits the reference set into
+blocks, for reference sets larger than memory.
 """
 
 from __future__ import annotations
@@ -56,11 +57,32 @@ def score_chunks(
         yield start, scores
 
 
-def _merge_topk(values: torch.Tensor, indices: torch.Tensor, new_values: torch.Tensor, new_indices: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Top-``k`` of the union of two candidate lists (``k`` = the width of ``values``)."""
-    k = values.shape[1]
+def ref_block_scores(
+    query: torch.Tensor, ref: torch.Tensor, *, similarity: str, block_size: int, exclude: torch.Tensor | None = None
+) -> Iterator[tuple[int, torch.Tensor]]:
+    """Yield ``(start, scores)`` for consecutive blocks of ``block_size`` reference rows; ``scores`` is ``(Q, block)``.
+
+    ``query`` is already prepared; each block of ``ref`` (e.g. a memory-mapped tensor) is read,
+    moved to ``query``'s device and dtype and prepared on its own, so the reference set is never
+    held whole. ``exclude``: ``(Q,)`` int64, the reference excluded from each query's results
+    (``-1``: none), scored ``-inf`` inside its block.
+    """
+    for start in range(0, ref.shape[0], block_size):
+        block = prepare(ref[start : start + block_size].to(query.device, query.dtype), similarity)
+        scores = pairwise(query, block, similarity, prepared=True)
+        if exclude is not None:
+            local = exclude.to(scores.device) - start
+            rows = ((local >= 0) & (local < scores.shape[1])).nonzero().squeeze(1)
+            scores[rows, local[rows]] = float("-inf")
+        yield start, scores
+
+
+def merge_topk(
+    values: torch.Tensor, indices: torch.Tensor, new_values: torch.Tensor, new_indices: torch.Tensor, k: int | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Top-``k`` of the union of two candidate lists (``k``: by default the width of ``values``; at most the union's)."""
     both_values = torch.cat([values, new_values], dim=1)
-    best, pos = both_values.topk(k, dim=1)
+    best, pos = both_values.topk(min(k or values.shape[1], both_values.shape[1]), dim=1)
     return best, torch.cat([indices, new_indices], dim=1).gather(1, pos)
 
 
@@ -124,11 +146,11 @@ def self_topk(
                 tile.fill_diagonal_(float("-inf"))
             col_ids = torch.arange(cols.start, cols.stop, device=x.device)
             top, pos = tile.topk(min(k, tile.shape[1]), dim=1)
-            values[rows], indices[rows] = _merge_topk(values[rows], indices[rows], top, col_ids[pos])
+            values[rows], indices[rows] = merge_topk(values[rows], indices[rows], top, col_ids[pos])
             if a != b:
                 row_ids = torch.arange(rows.start, rows.stop, device=x.device)
                 top, pos = tile.T.topk(min(k, tile.shape[0]), dim=1)
-                values[cols], indices[cols] = _merge_topk(values[cols], indices[cols], top, row_ids[pos])
+                values[cols], indices[cols] = merge_topk(values[cols], indices[cols], top, row_ids[pos])
     return values, indices
 
 

@@ -32,13 +32,12 @@ import json
 import os
 import platform
 import resource
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-from bench_losses import fmt
+from bench_losses import fmt, run_worker
 
 SHAPES: dict[str, tuple[tuple[int, ...], tuple[tuple[float, ...], ...]]] = {
     # name: (divisors of the fine class index for the intermediate levels, nested coarse partitions finest first)
@@ -106,14 +105,7 @@ def worker(shape: str, batch: int, path: str, dim: int, per_class: int) -> dict:
 
 def run_one(shape: str, batch: int, path: str, args: argparse.Namespace) -> dict:
     cmd = [sys.executable, __file__, "--worker", shape, str(batch), path, "--dim", str(args.dim), "--per-class", str(args.per_class)]
-    try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout)
-    except subprocess.TimeoutExpired:
-        return {"error": f"timeout > {args.timeout:.0f} s"}
-    if proc.returncode != 0:
-        tail = (proc.stderr.strip().splitlines() or ["killed"])[-1]
-        return {"error": "out of memory" if "memory" in tail.lower() or proc.returncode < 0 else tail[:60]}
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    return run_worker(cmd, args.timeout)
 
 
 def sweep(shapes: list[str], sizes: list[int], args: argparse.Namespace) -> list[dict]:

@@ -76,16 +76,21 @@ def worker(name: str, batch: int, dim: int, per_class: int, repeats: int) -> dic
     return {"time_s": statistics.median(times), "peak_mib": (peak - base) / 1024.0, "value": value}
 
 
-def run_one(name: str, batch: int, args: argparse.Namespace) -> dict:
-    cmd = [sys.executable, __file__, "--worker", name, str(batch), "--dim", str(args.dim), "--per-class", str(args.per_class), "--repeats", str(args.repeats)]
+def run_worker(cmd: list[str], timeout: float) -> dict:
+    """Run a worker process; its last stdout line is a JSON result, else ``{"error": why}``."""
     try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout)
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
     except subprocess.TimeoutExpired:
-        return {"error": f"timeout > {args.timeout} s"}
+        return {"error": f"timeout > {timeout:.0f} s"}
     if proc.returncode != 0:
         tail = (proc.stderr.strip().splitlines() or ["killed"])[-1]
         return {"error": "out of memory" if "memory" in tail.lower() or proc.returncode < 0 else tail[:60]}
     return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def run_one(name: str, batch: int, args: argparse.Namespace) -> dict:
+    cmd = [sys.executable, __file__, "--worker", name, str(batch), "--dim", str(args.dim), "--per-class", str(args.per_class), "--repeats", str(args.repeats)]
+    return run_worker(cmd, args.timeout)
 
 
 def fmt(result: dict | None) -> str:

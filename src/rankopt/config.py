@@ -37,7 +37,7 @@ class DataConfig:
     train_split: str = "train"
     eval_name: str | None = None  # evaluate on another dataset (e.g. train SfM-120k, test ROxford); None: name
     eval_root: str | None = None  # its folder; None: root
-    eval_splits: list[str] | None = None  # None: rankopt.data.evaluation_splits(eval dataset)
+    eval_splits: list[str] | None = None  # None: rankopt.data.evaluation_splits(eval dataset); []: none
     train_transform: str = "synthetic_train"
     test_transform: str = "synthetic_test"
     image_size: int | None = None

@@ -290,3 +290,23 @@ def test_train_on_a_folder_tree(tmp_path, capsys):
     report = json.loads((run / "report.json").read_text())
     assert report["data"]["level_names"] == ["class", "level1"] and report["data"]["eval"]["test"]["images"] == 16
     assert sorted(os.listdir(root)) == ["a", "b"]  # nothing written into the data folder
+
+
+def test_label_names_give_each_id_its_class_folder_also_after_carving(tmp_path):
+    from rankopt.data.splits import carve_validation
+
+    root = make_tree(tmp_path, TWO_LEVELS)
+    dataset = build_dataset("image_folder", root, "all")
+
+    def check(ds):
+        names = ds.metadata["label_names"]
+        for path, labels in zip(ds.paths, ds.labels):
+            folder = Path(path).parent.relative_to(root).as_posix()  # e.g. "b/2": class "b/2", coarser "b"
+            assert [names[c][labels[c]] for c in range(ds.num_levels)] == [folder, folder.split("/")[0]]
+        assert [len(level) for level in names] == [ds.num_classes(c) for c in range(ds.num_levels)]
+
+    check(dataset)
+    train, validation = carve_validation(dataset, 0.5, level=-1, seed=1)
+    check(train)
+    check(validation)
+    assert set(validation.metadata["label_names"][1]).isdisjoint(train.metadata["label_names"][1])

@@ -55,12 +55,8 @@ def run(args: argparse.Namespace) -> int:
     if args.images is not None:
         from rankopt.data.image_folder import folder_dataset
         from rankopt.data.transforms import build_transform
-        from rankopt.engine.assembly import model_from_checkpoint, resolve_device
 
-        device = resolve_device(args.device)
-        model, cfg = model_from_checkpoint(args.checkpoint, device)
-        cfg.data.test_transform = args.transform or cfg.data.test_transform
-        cfg.data.image_size = args.image_size or cfg.data.image_size
+        model, cfg, _, device, _ = load_for_inference(args, [])
         transform = build_transform(cfg.data.test_transform, cfg.data.image_size)
         dataset, batch_transform = folder_dataset(args.images, transform), None
     else:

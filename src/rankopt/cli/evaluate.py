@@ -22,7 +22,9 @@ def add_model_data_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def load_for_inference(args: argparse.Namespace, splits: list[str] | None) -> tuple[Any, Any, dict[str, Any], Any, Any]:
-    """(model, config, {split: dataset}, device, batch transform or None) for ``args``, with the test transform."""
+    """(model, config, {split: dataset}, device, batch transform or None) for ``args``, with the test transform
+    (``args.transform``/``args.image_size`` written into the config). ``splits``: ``None`` for the dataset's
+    evaluation splits, ``[]`` for none (no dataset is read)."""
     from rankopt.engine.assembly import build_datasets, build_transforms, model_from_checkpoint, resolve_device
 
     device = resolve_device(args.device)

@@ -141,6 +141,15 @@ def remap_labels(raw: np.ndarray) -> np.ndarray:
     return out
 
 
+def label_names(raw: np.ndarray) -> list[list[str]]:
+    """The raw value behind each id :func:`remap_labels` gives, per level: ``names[c][i]`` is the
+    ``i``-th sorted distinct value of column ``c``, as text (a class folder, a landmark id, ...)."""
+    raw = np.asarray(raw)
+    if raw.ndim == 1:
+        raw = raw[:, None]
+    return [[str(value) for value in np.unique(raw[:, level])] for level in range(raw.shape[1])]
+
+
 def hierarchy_violations(labels: np.ndarray) -> dict[int, int]:
     """For each coarser level ``l``, the number of fine classes (column 0) found under more than one
     level-``l`` label. A consistent hierarchy has none."""
@@ -195,6 +204,8 @@ class RetrievalDataset(torch.utils.data.Dataset):
 
     ``__getitem__(i)`` returns ``{"image": FloatTensor (3, H, W), "label": LongTensor (L,),
     "index": i, "path": str}``; without a transform the image is the decoded RGB in [0, 1].
+    ``metadata["label_names"]`` (when the loader knows them): ``names[c][i]``, the raw class of id
+    ``i`` at level ``c`` (:func:`label_names`).
     """
 
     def __init__(
@@ -424,13 +435,15 @@ def finalize(
     if not chosen.any():
         raise ValueError(f"dataset {name!r}: no usable images in split {split!r}")
     labels = remap_labels(items.labels[rows])[chosen]
+    names = label_names(items.labels[rows])
     rows = rows[chosen]
     violations = hierarchy_violations(labels)
     if violations:
         warnings.warn(f"dataset {name!r} split {split!r}: inconsistent hierarchy {violations}", stacklevel=3)
     position = {int(r): i for i, r in enumerate(rows)}
     boxes = {position[r]: b for r, b in items.boxes.items() if r in position}
-    metadata = {"dataset": name, "bad_images": bad, "num_bad_images": len(bad), **items.extra.get(split, {})}
+    metadata = {"dataset": name, "bad_images": bad, "num_bad_images": len(bad), "label_names": names,
+                **items.extra.get(split, {})}
     return RetrievalDataset(
         [items.paths[r] for r in rows],
         labels,

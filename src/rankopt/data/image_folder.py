@@ -47,6 +47,7 @@ from rankopt.data.base import (
     DatasetSpec,
     Items,
     RetrievalDataset,
+    label_names,
     read_lines,
     register_dataset,
     remap_labels,
@@ -365,6 +366,10 @@ def folder_dataset(folder: str | os.PathLike[str], transform: Any = None) -> Ret
     labels = np.full((len(scan.images), max(depth, 1)), -1, dtype=np.int64)
     paths = [str(image) for image in scan.images]
     labelled = [i for i, p in enumerate(paths) if p in raw]
+    metadata = {}
     if labelled:
-        labels[labelled] = remap_labels(np.array([raw[paths[i]] for i in labelled], dtype=object))
-    return RetrievalDataset(paths, labels, "images", _level_names(None, max(depth, 1)), transform, name="images", sources=paths)
+        raw_labels = np.array([raw[paths[i]] for i in labelled], dtype=object)
+        labels[labelled] = remap_labels(raw_labels)
+        metadata["label_names"] = label_names(raw_labels)
+    return RetrievalDataset(paths, labels, "images", _level_names(None, max(depth, 1)), transform, name="images",
+                            sources=paths, metadata=metadata)

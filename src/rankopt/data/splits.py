@@ -36,11 +36,14 @@ def subset(dataset: RetrievalDataset, indices: Sequence[int] | np.ndarray, split
     if rows.size == 0:
         raise ValueError(f"split {split!r} of {dataset.name!r} would be empty")
     position = {int(r): i for i, r in enumerate(rows)}
+    metadata = {**dataset.metadata, "carved_from": dataset.split}
+    if "label_names" in metadata:  # the kept ids, in the order remap_labels gives them
+        kept = [np.unique(dataset.labels[rows, level]) for level in range(dataset.num_levels)]
+        metadata["label_names"] = [[names[i] for i in ids] for names, ids in zip(metadata["label_names"], kept)]
     return RetrievalDataset(
         [dataset.paths[r] for r in rows], remap_labels(dataset.labels[rows]), split, dataset.level_names,
         dataset.transform, name=dataset.name, sources=[dataset.sources[r] for r in rows],
-        boxes={position[r]: b for r, b in dataset.boxes.items() if r in position},
-        metadata={**dataset.metadata, "carved_from": dataset.split},
+        boxes={position[r]: b for r, b in dataset.boxes.items() if r in position}, metadata=metadata,
     )
 
 

@@ -90,6 +90,7 @@ def build_datasets(cfg: ExperimentConfig, *, train: bool = True) -> tuple[Datase
     (``rankopt.data.splits.carve_validation``) and the held-out part is the only evaluation split.
 
     With ``data.batch_transform`` the datasets decode only; the trainer transforms whole batches.
+    ``data.eval_splits``: ``None`` for the evaluation dataset's own splits, ``[]`` for none.
     """
     from rankopt.data import build_dataset, evaluation_splits
 
@@ -106,7 +107,7 @@ def build_datasets(cfg: ExperimentConfig, *, train: bool = True) -> tuple[Datase
     train_ds = build_dataset(d.name, d.root, d.train_split, transform=train_tf, **d.kwargs) if train else None
     same = d.eval_name is None or d.eval_name == d.name
     name, root, kwargs = (d.name, d.eval_root or d.root, d.kwargs) if same else (d.eval_name, d.eval_root, {})
-    splits = d.eval_splits or list(evaluation_splits(name, root, **kwargs))
+    splits = d.eval_splits if d.eval_splits is not None else list(evaluation_splits(name, root, **kwargs))
     evals = {s: build_dataset(name, root, s, transform=test_tf, **kwargs) for s in splits}
     return train_ds, evals
 

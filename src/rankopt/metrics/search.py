@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
+import numpy as np
 import torch
 from tqdm.auto import tqdm
 
@@ -24,6 +25,14 @@ FAISS_GPU_MAX_K = 2048
 def default_chunk_size(num_refs: int, bytes_per_score: int = 4, budget: int = CHUNK_BUDGET_BYTES) -> int:
     """Number of query rows such that ``rows * num_refs * bytes_per_score <= budget`` (at least 1)."""
     return max(1, budget // max(1, num_refs * bytes_per_score))
+
+
+def exclude_by_index(scores: torch.Tensor, columns: torch.Tensor) -> None:
+    """Score ``-inf``, in place, the item ``columns[i]`` of each row ``i`` of ``scores`` ``(Q, C)`` (a
+    column outside ``[0, C)``, e.g. ``-1``: nothing to exclude in this row), so it sorts after every real item."""
+    columns = columns.to(scores.device)
+    rows = ((columns >= 0) & (columns < scores.shape[1])).nonzero().squeeze(1)
+    scores[rows, columns[rows]] = float("-inf")
 
 
 def score_chunks(
@@ -51,9 +60,7 @@ def score_chunks(
         block = r[start : start + chunk_size] if ref is None else prepare(query[start : start + chunk_size], similarity)
         scores = pairwise(block, r, similarity, prepared=True)
         if exclude is not None:
-            own = exclude[start : start + chunk_size].to(scores.device)
-            rows = (own >= 0).nonzero().squeeze(1)
-            scores[rows, own[rows]] = float("-inf")
+            exclude_by_index(scores, exclude[start : start + chunk_size])
         yield start, scores
 
 
@@ -71,9 +78,7 @@ def ref_block_scores(
         block = prepare(ref[start : start + block_size].to(query.device, query.dtype), similarity)
         scores = pairwise(query, block, similarity, prepared=True)
         if exclude is not None:
-            local = exclude.to(scores.device) - start
-            rows = ((local >= 0) & (local < scores.shape[1])).nonzero().squeeze(1)
-            scores[rows, local[rows]] = float("-inf")
+            exclude_by_index(scores, exclude.to(scores.device) - start)
         yield start, scores
 
 
@@ -154,6 +159,19 @@ def self_topk(
     return values, indices
 
 
+def faiss_input(x: torch.Tensor, similarity: str) -> np.ndarray:
+    """The contiguous float32 CPU array faiss compares: :func:`rankopt.similarity.prepare` of ``x``
+    (unit rows for cosine); searched with inner product, or L2 for ``neg_l2``."""
+    return prepare(x.detach().float().cpu(), similarity).contiguous().numpy()
+
+
+def faiss_scores(distances: np.ndarray, similarity: str) -> torch.Tensor:
+    """rankopt scores from a faiss result: the inner products as they are; for ``neg_l2`` faiss's
+    squared L2 distances ``d`` become ``-sqrt(d)``."""
+    scores = torch.from_numpy(distances)
+    return -scores.clamp(min=0).sqrt() if similarity == "neg_l2" else scores
+
+
 def faiss_topk(
     query: torch.Tensor,
     ref: torch.Tensor | None,
@@ -177,8 +195,8 @@ def faiss_topk(
         import faiss  # noqa: PLC0415 - optional dependency, imported lazily
     except ImportError as err:  # pragma: no cover - depends on the environment
         raise ImportError("backend='faiss' needs faiss: pip install faiss-cpu (or faiss-gpu)") from err
-    q = prepare(query, similarity).detach().float().cpu().contiguous()
-    r = q if ref is None else prepare(ref, similarity).detach().float().cpu().contiguous()
+    q = faiss_input(query, similarity)
+    r = q if ref is None else faiss_input(ref, similarity)
     if exclude is None and ref is None:
         exclude = torch.arange(q.shape[0])
     fetch = min(k + (exclude is not None), r.shape[0])
@@ -190,11 +208,9 @@ def faiss_topk(
                 "use backend='torch' (exact, chunked) for this metric"
             )
         index = faiss.index_cpu_to_all_gpus(index)
-    index.add(r.numpy())
-    dist, idx = index.search(q.numpy(), fetch)
-    scores = torch.from_numpy(dist)
-    scores = -scores.clamp(min=0).sqrt() if similarity == "neg_l2" else scores
-    indices = torch.from_numpy(idx).long()
+    index.add(r)
+    dist, idx = index.search(q, fetch)
+    scores, indices = faiss_scores(dist, similarity), torch.from_numpy(idx).long()
     if exclude is not None:
         exclude = exclude.cpu()
         scores = scores.masked_fill(indices == exclude.unsqueeze(1), float("-inf"))

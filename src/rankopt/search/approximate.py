@@ -1,8 +1,9 @@
 """faiss indexes built from faiss's own factory strings, and their recall measured against exact search.
 
 ``faiss.index_factory(dim, spec, metric)`` with ``METRIC_INNER_PRODUCT`` for ``cosine`` (on
-L2-normalised vectors) and ``dot``, ``METRIC_L2`` for ``neg_l2`` (score ``-sqrt(d)``, as
-:func:`rankopt.metrics.search.faiss_topk`). faiss is imported lazily: it is optional.
+L2-normalised vectors) and ``dot``, ``METRIC_L2`` for ``neg_l2``; inputs and scores as the exact
+faiss path of the metrics (:func:`rankopt.metrics.search.faiss_input`, :func:`faiss_scores`).
+faiss is imported lazily: it is optional.
 """
 
 from __future__ import annotations
@@ -14,8 +15,7 @@ from typing import Any
 import torch
 
 from rankopt.engine.logging import progress
-from rankopt.metrics.search import chunked_topk
-from rankopt.similarity import prepare
+from rankopt.metrics.search import chunked_topk, faiss_input, faiss_scores
 
 TRAINING_POINTS_PER_CENTROID = 39
 """faiss's rule of thumb (its k-means warns below it): at least 39 training vectors per centroid."""
@@ -31,11 +31,6 @@ def import_faiss() -> Any:
     return faiss
 
 
-def as_faiss_input(x: torch.Tensor, similarity: str) -> Any:
-    """``(N, D)`` contiguous float32 numpy array of the vectors faiss compares (normalised for cosine)."""
-    return prepare(x.detach().float().cpu(), similarity).contiguous().numpy()
-
-
 def build(vectors: torch.Tensor, spec: str, similarity: str, params: str | None = None, *,
           show_progress: bool = True) -> Any:
     """A faiss index of ``vectors`` from the factory string ``spec``, trained on them when it needs training.
@@ -49,7 +44,7 @@ def build(vectors: torch.Tensor, spec: str, similarity: str, params: str | None 
         index = faiss.index_factory(vectors.shape[1], spec, metric)
     except RuntimeError as err:
         raise ValueError(f"faiss cannot build {spec!r} for {vectors.shape[1]}-d vectors: {_first_line(err)}") from None
-    data = as_faiss_input(vectors, similarity)
+    data = faiss_input(vectors, similarity)
     if not index.is_trained:
         nlist = re.search(r"IVF(\d+)", spec)
         needed = TRAINING_POINTS_PER_CENTROID * int(nlist.group(1)) if nlist else 1
@@ -79,16 +74,14 @@ def add(index: Any, vectors: torch.Tensor, similarity: str, *, show_progress: bo
     """Add ``vectors`` to ``index`` in batches (with a progress bar)."""
     starts = range(0, vectors.shape[0], ADD_BATCH)
     for start in progress(starts, desc="indexing", enabled=show_progress and len(starts) > 1):
-        index.add(as_faiss_input(vectors[start : start + ADD_BATCH], similarity))
+        index.add(faiss_input(vectors[start : start + ADD_BATCH], similarity))
 
 
 def search(index: Any, queries: torch.Tensor, k: int, similarity: str) -> tuple[torch.Tensor, torch.Tensor]:
     """``(scores, ids)`` ``(Q, k)``, rows by decreasing score; ``id = -1`` (score ``-inf``) where the index
     returned fewer than ``k`` results (an IVF probing too few lists)."""
-    dist, idx = index.search(as_faiss_input(queries, similarity), k)
-    scores, ids = torch.from_numpy(dist), torch.from_numpy(idx).long()
-    if similarity == "neg_l2":
-        scores = -scores.clamp(min=0).sqrt()
+    dist, idx = index.search(faiss_input(queries, similarity), k)
+    scores, ids = faiss_scores(dist, similarity), torch.from_numpy(idx).long()
     return scores.masked_fill(ids < 0, float("-inf")), ids
 
 

@@ -433,29 +433,7 @@ def _default_level_names(levels: int) -> tuple[str, ...]:
 
 
 def dataset_label_names(dataset: RetrievalDataset) -> LabelNames | None:
-    """Class names by label id at each level: ``dataset.metadata["label_names"]`` when the loader gives them,
-    else the folders the labelled images lie in (``a/1`` for ``.../a/1/x.png`` at the finest of 2 levels,
-    ``a`` at the coarser) when those name the classes one to one; ``None`` otherwise (bare ids)."""
+    """Class names by label id at each level (``dataset.metadata["label_names"]``, which the data loaders
+    fill from the raw labels: :func:`rankopt.data.base.label_names`); ``None``: bare ids."""
     given = dataset.metadata.get("label_names")
-    if given is not None:
-        return [list(level) for level in given]
-    labels = dataset.labels
-    if not bool((labels >= 0).any()):
-        return None
-    levels = labels.shape[1]
-    names: LabelNames = []
-    for level in range(levels):
-        by_label: dict[int, str] = {}
-        for path, label in zip(dataset.paths, labels[:, level].tolist()):
-            if label < 0:
-                continue
-            parts = PurePath(path).parent.parts
-            if len(parts) < levels:
-                return None
-            name = "/".join(parts[len(parts) - levels : len(parts) - level])
-            if by_label.setdefault(label, name) != name:
-                return None
-        if len(set(by_label.values())) != len(by_label) or sorted(by_label) != list(range(len(by_label))):
-            return None
-        names.append([by_label[i] for i in range(len(by_label))])
-    return names
+    return None if given is None else [list(level) for level in given]

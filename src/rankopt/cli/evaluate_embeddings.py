@@ -1,5 +1,5 @@
 """``rankopt evaluate-embeddings --embeddings E.npy --labels L.npy [--query-embeddings Q.npy
---query-labels QL.npy [--query-ref-index IDX.npy]] [--ref-block-size ROWS] [--metrics ...] [--similarity cosine] [--json OUT.json]``."""
+--query-labels QL.npy [--query-ref-index IDX.npy]] [--ref-block-size ROWS] [--method auto|tiled|chunked] [--metrics ...] [--similarity cosine] [--json OUT.json]``."""
 
 from __future__ import annotations
 
@@ -29,6 +29,9 @@ def register(subparsers: Any) -> None:
                              "top-k metrics, map and mrr)")
     parser.add_argument("--device", default=None, help="cpu, cuda, ... (default: cpu)")
     parser.add_argument("--backend", choices=("torch", "faiss"), default="torch", help="faiss: top-k metrics only")
+    parser.add_argument("--method", choices=("auto", "tiled", "chunked"), default="auto",
+                        help="tiled: one pass of compiled kernels over the score matrix (CPU, binary metrics); "
+                             "chunked: torch per query chunk; auto: tiled where it applies to large sets")
     parser.add_argument("--alpha", type=float, default=1.0, help="H-AP relevance exponent (TPAMI Eq. 20)")
     parser.add_argument("--json", metavar="OUT", help="write {metrics, num_queries, num_queries_without_positive}")
     parser.add_argument("--no-progress", action="store_true", help="hide the progress bar")
@@ -69,7 +72,7 @@ def run(args: argparse.Namespace) -> int:
     result = evaluate(query, query_labels, ref, ref_labels, metrics=metrics, similarity=args.similarity,
                       chunk_size=args.chunk_size, device=args.device, backend=args.backend,
                       progress=not args.no_progress, query_ref_index=own,
-                      ref_block_size=args.ref_block_size, **({"alpha": args.alpha} if args.alpha != 1.0 else {}))
+                      ref_block_size=args.ref_block_size, method=args.method, **({"alpha": args.alpha} if args.alpha != 1.0 else {}))
     width = max(len(name) for name in result.metrics)
     print(f"{result.num_queries} queries, {result.num_queries_without_positive} without a positive (excluded)")
     for name, value in result.metrics.items():

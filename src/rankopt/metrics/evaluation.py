@@ -15,8 +15,11 @@ Conventions (see the metric modules for the formulas):
   plus one item to resolve boundary ties): per query chunk, or, in self-retrieval with top-k
   metrics only, over the tiles of the upper triangle of the symmetric score matrix (half the
   products). ``map`` and ``mrr`` count, per positive, the items scoring at least as high,
-  without sorting; hierarchical metrics (or classes larger than ``MAX_COUNTED_POSITIVES``)
-  sort each chunk row. The full ``Q x R`` matrix is never materialised.
+  without sorting (on CPU above :data:`TILED_MIN_SCORES` pairs, all binary metrics come from one
+  pass of compiled kernels over tiles of the product: :mod:`rankopt.metrics.tiled`); hierarchical
+  metrics sort each chunk row's values (no indices) and rank each query's relevant items in them;
+  classes larger than ``MAX_COUNTED_POSITIVES`` make ``map``/``mrr`` sort each chunk row. The
+  full ``Q x R`` matrix is never materialised.
 * ``ref_block_size`` (a reference set larger than memory, e.g. a memory-mapped ``.npy``): the
   reference set is read and prepared ``ref_block_size`` rows at a time, for each query chunk;
   top-k lists are merged block by block, and ``map``/``mrr`` gather the positives' scores in a
@@ -43,8 +46,9 @@ from rankopt.metrics.binary import (
     sorted_positive_scores,
     topk_metrics,
 )
-from rankopt.metrics.hierarchical import hierarchical_metrics
+from rankopt.metrics.hierarchical import LevelIndex, RankedLevels, argsort_descending, hierarchical_metrics
 from rankopt.metrics.ranking import ClassIndex, count_at_least, list_ranks
+from rankopt.metrics import tiled
 from rankopt.metrics.search import (
     CHUNK_BUDGET_BYTES,
     default_chunk_size,
@@ -64,6 +68,8 @@ ALL_METRICS = ("recall@1", "recall@10", "recall@100", "true_recall@10", "precisi
 OPTIONS = ("alpha", "weights", "gains")
 MAX_COUNTED_POSITIVES = 32  # above this many positives in a chunk, map/mrr sort the chunk instead
 SELF_BLOCK = 4096  # tile size of the symmetric self-retrieval top-k
+TILED_MIN_SCORES = 2**27  # method="auto": the tiled kernels above this many query-reference pairs (about 11.6k x 11.6k)
+METHODS = ("auto", "tiled", "chunked")
 
 
 @dataclass(frozen=True)
@@ -177,14 +183,6 @@ def _check_ref_block_size(ref_block_size: int, specs: list[MetricSpec], backend:
         raise ValueError(f"metrics {hierarchical} need whole rows; evaluate without ref_block_size (--ref-block-size)")
 
 
-def _levels(ref_labels: torch.Tensor, order: torch.Tensor, query_labels: torch.Tensor) -> torch.Tensor:
-    """Relevance levels (shared hierarchy levels) of the references listed in ``order`` (Q, K)."""
-    levels = torch.zeros(order.shape, dtype=torch.int64, device=order.device)
-    for col in range(ref_labels.shape[1]):
-        levels += ref_labels[:, col][order] == query_labels[:, col : col + 1]
-    return levels
-
-
 def evaluate(
     query_embeddings: torch.Tensor,
     query_labels: torch.Tensor,
@@ -199,6 +197,7 @@ def evaluate(
     progress: bool = False,
     query_ref_index: torch.Tensor | None = None,
     ref_block_size: int | None = None,
+    method: str = "auto",
     **options: object,
 ) -> EvaluationResult:
     """Exact retrieval metrics (names: ``recall@K``, ``true_recall@K``, ``precision@K``, ``map@r``,
@@ -219,6 +218,12 @@ def evaluate(
     reference set (the query set in self-retrieval) is read and prepared that many rows at a time,
     never whole, for sets larger than memory; same results. Top-k metrics, ``map`` and ``mrr``
     (classes of at most :data:`MAX_COUNTED_POSITIVES` items) only.
+
+    ``method``: ``"tiled"`` reads the score matrix once, tile by tile, with compiled kernels
+    (:mod:`rankopt.metrics.tiled`; CPU, binary metrics, ``map``/``mrr`` with classes of at most
+    :data:`MAX_COUNTED_POSITIVES` items); ``"chunked"`` sorts or selects per query chunk with torch;
+    ``"auto"`` takes the tiled kernels where they apply and the work exceeds :data:`TILED_MIN_SCORES`
+    pairs. Both give the same values.
     """
     query, q_labels, ref, r_labels = _check_inputs(query_embeddings, query_labels, ref_embeddings, ref_labels)
     unknown = sorted(set(options) - set(OPTIONS))
@@ -238,6 +243,10 @@ def evaluate(
         raise ValueError(f"backend='faiss' serves top-k metrics only; use backend='torch' for {bad}")
     if ref_block_size is not None:
         _check_ref_block_size(ref_block_size, specs, backend)
+    if method not in METHODS:
+        raise ValueError(f"unknown method {method!r}; use one of {', '.join(METHODS)}")
+    if method == "tiled" and ref_block_size is not None:
+        raise ValueError("method='tiled' holds the reference set whole; use it without ref_block_size")
 
     self_retrieval = ref_embeddings is None
     dev = torch.device(device) if device is not None else query.device
@@ -265,7 +274,7 @@ def evaluate(
     if ref_block_size is not None:
         per_chunk = _blocked_metrics(ctx, query, ref, similarity, chunk_size, ref_block_size, progress)
     else:
-        per_chunk = _per_query_metrics(ctx, query, ref, similarity, chunk_size, backend, progress)
+        per_chunk = _per_query_metrics(ctx, query, ref, similarity, chunk_size, backend, progress, method)
     for per_query in per_chunk:
         for name, values in per_query.items():
             if name in sums:
@@ -312,6 +321,7 @@ class _Context:
         if any(s.family == "map@r" for s in specs):
             cuts.append(int(self.num_pos.max()))
         self.list_len = min(max(cuts, default=0) + 1, self.num_refs)  # one beyond the deepest cut-off
+        self.level_index: LevelIndex | None = None  # the relevant items of each query (hierarchical metrics), built on first use
         self.may_sort = bool(self.hierarchical) or (self.full_binary and int(self.num_pos.max()) > MAX_COUNTED_POSITIVES)
 
     def from_lists(self, values: torch.Tensor, idx: torch.Tensor, rows: slice | torch.Tensor) -> dict[str, torch.Tensor]:
@@ -334,18 +344,25 @@ class _Context:
         rows = slice(start, start + scores.shape[0])
         q_fine, num_pos = self.q_labels[rows, :1], self.num_pos[rows]
         per_query: dict[str, torch.Tensor] = {}
-        if not (self.hierarchical or (self.full_binary and int(num_pos.max()) > MAX_COUNTED_POSITIVES)):
+        if self.hierarchical:  # from each query's relevant items and the row sorted without indices
+            if self.level_index is None:
+                self.level_index = LevelIndex(self.r_labels)
+            idx, levels = self.level_index.relevant(self.q_labels[rows], None if self.own is None else self.own[rows])
+            ranked = RankedLevels.from_scores(scores, idx, levels, self.sizes[rows], self.num_levels)
+            per_query |= hierarchical_metrics(ranked, self.hierarchical, **self.options)  # type: ignore[arg-type]
+        if not (self.full_binary and int(num_pos.max()) > MAX_COUNTED_POSITIVES):
             if self.topk:
                 per_query |= self.from_lists(*scores.topk(self.list_len, dim=1), rows)
             if self.full_binary:
                 idx, valid = self.classes.members(q_fine[:, 0], None if self.own is None else self.own[rows])
                 per_query["map"], per_query["mrr"] = full_ap_and_mrr(scores, scores.gather(1, idx), valid)
             return per_query
-        values, order = scores.sort(dim=1, descending=True)  # excluded items (-inf) are last
+        order = argsort_descending(scores)  # excluded items (-inf) are last
+        values = scores.gather(1, order)
         sizes = self.sizes[rows]
         groups = sizes.unique().tolist()
         if len(groups) == 1:  # one retrieval-set size: the whole chunk at once
-            return self.from_ranked(values[:, : groups[0]], order[:, : groups[0]], rows)
+            return per_query | self.from_ranked(values[:, : groups[0]], order[:, : groups[0]], rows)
         for size in groups:  # queries with and without an excluded item, each group on its own
             sel = (sizes == size).nonzero().squeeze(1)
             for name, part in self.from_ranked(values[sel, :size], order[sel, :size], sel + start).items():
@@ -383,7 +400,7 @@ class _Context:
         return per_query
 
     def from_ranked(self, values: torch.Tensor, order: torch.Tensor, rows: slice | torch.Tensor) -> dict[str, torch.Tensor]:
-        """Every requested metric from whole ranked retrieval sets (``values`` sorted decreasingly, references ``order``)."""
+        """The binary metrics from whole ranked retrieval sets (``values`` sorted decreasingly, references ``order``)."""
         q_fine, num_pos = self.q_labels[rows, :1], self.num_pos[rows]
         per_query: dict[str, torch.Tensor] = {}
         ranks = list_ranks(values, complete=True)
@@ -392,19 +409,46 @@ class _Context:
             per_query["map"], per_query["mrr"] = full_ap_from_list(ranks, positive)
         if self.topk:
             per_query |= topk_metrics(ranks[:, : self.list_len], positive[:, : self.list_len], num_pos, self.topk)
-        if self.hierarchical:
-            levels = _levels(self.r_labels, order, self.q_labels[rows])
-            per_query |= hierarchical_metrics(values, levels, ranks, self.num_levels, self.hierarchical, **self.options)  # type: ignore[arg-type]
         return per_query
 
 
+def _tiled_unavailable(ctx: _Context, query: torch.Tensor, backend: str) -> list[str]:
+    """Why ``method="tiled"`` cannot serve this evaluation (empty: it can)."""
+    reasons = []
+    if backend != "torch":
+        reasons.append("backend='torch'")
+    if query.device.type != "cpu":
+        reasons.append("a CPU device")
+    if ctx.hierarchical:
+        reasons.append("binary metrics only")
+    if ctx.full_binary and int(ctx.num_pos.max()) > MAX_COUNTED_POSITIVES:
+        reasons.append(f"map/mrr with at most {MAX_COUNTED_POSITIVES} positives per query")
+    if not reasons and not tiled.available():  # importing numba only where the kernels could serve
+        reasons.append("numba (pip install numba)")
+    return reasons
+
+
 def _per_query_metrics(
-    ctx: _Context, query: torch.Tensor, ref: torch.Tensor, similarity: str, chunk_size: int | None, backend: str, progress: bool
+    ctx: _Context, query: torch.Tensor, ref: torch.Tensor, similarity: str, chunk_size: int | None, backend: str, progress: bool,
+    method: str,
 ) -> Iterator[dict[str, torch.Tensor]]:
     """Per-query metric values, chunk after chunk, from the cheapest exact search for the requests."""
     gallery = None if ctx.self_retrieval else ref
     everything = slice(0, query.shape[0])
-    if backend == "faiss":
+    use_tiles = False
+    if method != "chunked":
+        reasons = _tiled_unavailable(ctx, query, backend)
+        if method == "tiled" and reasons:
+            raise ValueError(f"method='tiled' needs {', '.join(reasons)}; use method='chunked' or 'auto'")
+        use_tiles = not reasons and (method == "tiled" or query.shape[0] * ctx.num_refs >= TILED_MIN_SCORES)
+    if use_tiles:
+        found = tiled.tiled_search(query, ctx.q_labels[:, 0], gallery, ctx.r_labels[:, 0], ctx.own,
+                                   k=ctx.list_len if ctx.topk else 0, count_positives=ctx.full_binary, similarity=similarity, tile=tiled.TILE)
+        per_query = ctx.from_lists(found.values, found.indices, everything) if ctx.topk else {}
+        if ctx.full_binary:
+            per_query["map"], per_query["mrr"] = ap_and_mrr_from_counts(found.positive_scores, found.positive_valid, found.ranks)
+        yield per_query
+    elif backend == "faiss":
         lists = faiss_topk(query, gallery, ctx.list_len, similarity=similarity, use_gpu=query.device.type == "cuda", exclude=ctx.own)
         yield ctx.from_lists(*lists, everything)
     elif ctx.self_retrieval and not (ctx.full_binary or ctx.hierarchical) and query.shape[0] * ctx.list_len * 12 <= 4 * CHUNK_BUDGET_BYTES:

@@ -1,9 +1,11 @@
-"""Hierarchical metrics from complete ranked lists (TPAMI §5, Eq. 18-20, 23, Property 1, Table VI, Sec. C-A1).
+"""Hierarchical metrics from each query's relevant items (TPAMI §5, Eq. 18-20, 23, Property 1, Table VI, Sec. C-A1).
 
-Inputs per query: the retrieval set sorted by decreasing score (``values``), the
-relevance level ``l in [0, L]`` of each sorted item (number of shared hierarchy
-levels) and the pessimistic ``rank`` (tied items all get the rank of the last of
-their group). ``Omega^(l)``: items of level ``l``; ``Omega^+``: level ``>= 1``.
+Inputs per query: its relevant items ``Omega^+`` (level ``l >= 1``: number of shared hierarchy
+levels), their pessimistic ranks ``rank(k) = #{j in Omega : s_j >= s_k}`` among the whole
+retrieval set ``Omega`` and the level sizes ``|Omega^(l)|``. Every metric below depends on the
+level-0 items only through these ranks and ``|Omega^(0)|`` (NDCG with a gain ``g_0 != 0`` also
+through their own ranks), so no ranked list of the whole gallery is built: the ranks come from
+the row's scores sorted without indices (:class:`RankedLevels`).
 
 * ``h-ap``     ``(1/sum_{k in Omega^+} rel(k)) sum_{k in Omega^+} H-rank+(k)/rank(k)`` (Eq. 19), with
   ``H-rank+(k) = rel(k) + sum_{j in Omega^+, j != k, s_j >= s_k} min(rel(k), rel(j))`` (Eq. 18)
@@ -22,72 +24,146 @@ Queries whose ``Omega^+`` (or positives at the level, or ideal gain) is empty ge
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
+import numpy as np
 import torch
 
-from rankopt.metrics.ranking import is_tie_end, tie_starts
+from rankopt.metrics.ranking import ClassIndex, list_ranks, tie_ends
 from rankopt.rank.relevance import ndcg_gains, relevance
 
 
-class RankedLevels:
-    """Per-query ranked lists with the running level counts every metric shares.
+class LevelIndex:
+    """The references of each class of each label column, to list a query's relevant references.
 
-    ``cums[l][q, p]``: number of level-``l`` items at list positions ``<= p``. The relevant
-    items (level >= 1) are also gathered, in list order, into ``(Q, P)`` tensors
-    (``P`` = most relevant items of a query; padding has level 0): their levels, ranks and
-    ``at_rank[l]`` = number of level-``l`` items ranked at or before them (ties included),
-    so that per-item work scales with the relevant items, not the gallery.
+    ``level(q, k) = #{c : label_c(k) = label_c(q)}``, so the relevant references of ``q`` are the union
+    of its classes' members over the columns: ``O(sum_c |class_c(q)|)`` per query, no pass over the gallery.
     """
 
-    def __init__(self, values: torch.Tensor, levels: torch.Tensor, ranks: torch.Tensor, num_levels: int) -> None:
-        self.values, self.levels, self.num_levels = values, levels, num_levels
-        self.ranks = ranks.to(torch.float64)
-        self.cums = torch.stack([torch.cumsum(levels == lv, dim=1, dtype=torch.int32) for lv in range(num_levels + 1)])
-        self.counts = self.cums[:, :, -1].T.to(torch.float64)  # (Q, L + 1): |Omega^(l)|
-        relevant = levels > 0
-        self.width = max(int(relevant.sum(dim=1).max()), 1)
-        slot = torch.where(relevant, torch.cumsum(relevant, dim=1) - 1, self.width)
-        compact = torch.zeros(levels.shape[0], self.width + 1, dtype=torch.int64, device=levels.device)
-        self.rel_levels = compact.scatter(1, slot, levels)[:, : self.width]
-        rel_ranks = compact.scatter(1, slot, ranks)[:, : self.width]
-        self.rel_ranks = rel_ranks.to(torch.float64)
-        last = (rel_ranks - 1).clamp(min=0).unsqueeze(0).expand(num_levels + 1, -1, -1)
-        self.at_rank = self.cums.gather(2, last)
+    def __init__(self, ref_labels: torch.Tensor) -> None:
+        self.columns = [ClassIndex(ref_labels[:, c]) for c in range(ref_labels.shape[1])]
+        self.labels = [ref_labels[:, c].contiguous() for c in range(ref_labels.shape[1])]
+
+    def relevant(self, query_labels: torch.Tensor, exclude: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(idx, levels)``, both ``(Q, W)``: the references sharing a label column with each query and
+        their level; each is listed once (under the first column it shares), padding has level 0.
+        ``exclude``: ``(Q,)`` each query's own reference (``-1``: none), left out."""
+        idx_parts, level_parts = [], []
+        for c, classes in enumerate(self.columns):
+            idx, valid = classes.members(query_labels[:, c], exclude)
+            level = valid.to(torch.int64)  # shares column c
+            for other, labels in enumerate(self.labels):
+                if other != c:
+                    shared = labels[idx] == query_labels[:, other : other + 1]
+                    level += shared
+                    if other < c:
+                        valid &= ~shared  # listed under that earlier column
+            idx_parts.append(idx)
+            level_parts.append(level * valid)
+        return torch.cat(idx_parts, dim=1), torch.cat(level_parts, dim=1)
+
+
+def sorted_rows(x: torch.Tensor) -> torch.Tensor:
+    """Each row of ``(Q, R)`` ``x`` in increasing order, values only (numpy's vectorised sort on CPU,
+    about 20x ``torch.sort``'s there)."""
+    if x.device.type != "cpu":
+        return x.sort(dim=1).values
+    return torch.from_numpy(np.sort(x.detach().numpy(), axis=1))
+
+
+def count_below(ascending: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+    """``(Q, P)`` int64: ``#{k : ascending[q, k] < t[q, p]}`` for rows sorted increasingly."""
+    if ascending.device.type != "cpu":
+        return torch.searchsorted(ascending, t.contiguous())
+    a, v = ascending.numpy(), t.detach().numpy()
+    return torch.from_numpy(np.stack([np.searchsorted(a[q], v[q]) for q in range(a.shape[0])]).reshape(v.shape))
+
+
+def argsort_descending(x: torch.Tensor) -> torch.Tensor:
+    """Positions sorting each row of ``x`` decreasingly, ties in any order (numpy's vectorised sort on
+    CPU, about 6x ``torch.sort``'s there); ``-inf`` last."""
+    if x.device.type != "cpu":
+        return x.argsort(dim=1, descending=True)
+    return torch.from_numpy(np.argsort(-x.detach().numpy(), axis=1))
+
+
+@dataclass
+class RankedLevels:
+    """Each query's relevant items in decreasing score order, with what every metric shares.
+
+    ``levels``/``ranks``: ``(Q, P)`` (``P`` = most relevant items of a query; padding, last, has
+    level 0): each item's level and pessimistic rank (int64) among the whole retrieval set;
+    ``at_rank[l - 1]``: number of level-``l`` items ranked at or before each item (ties included);
+    ``counts``: ``(Q, L + 1)`` float64 ``|Omega^(l)|``; ``ascending``: the ``(Q, R)`` score rows
+    sorted increasingly (excluded items at ``-inf``), read by NDCG with ``g_0 != 0`` only.
+    """
+
+    levels: torch.Tensor
+    ranks: torch.Tensor
+    at_rank: torch.Tensor
+    counts: torch.Tensor
+    ascending: torch.Tensor
+    num_levels: int
+
+    @classmethod
+    def from_scores(cls, scores: torch.Tensor, idx: torch.Tensor, levels: torch.Tensor, sizes: torch.Tensor,
+                    num_levels: int) -> RankedLevels:
+        """From a ``(Q, R)`` chunk of scores (excluded items at ``-inf``), the relevant references
+        ``idx``/``levels`` of :meth:`LevelIndex.relevant` and the retrieval-set sizes ``(Q,)``:
+        ``rank(k) = R - #{j : s_j < s_k}``, counted in the row sorted without indices."""
+        rel_scores = scores.gather(1, idx).masked_fill(levels == 0, float("-inf"))
+        order = argsort_descending(rel_scores)
+        levels = levels.gather(1, order)
+        width = max(int((levels > 0).sum(dim=1).max()), 1)
+        levels, rel_scores = levels[:, :width], rel_scores.gather(1, order[:, :width])
+        ascending = sorted_rows(scores)
+        ranks = scores.shape[1] - count_below(ascending, rel_scores)
+        end = tie_ends(rel_scores)
+        at_rank = torch.stack([torch.cumsum(levels == lv, dim=1, dtype=torch.int32).gather(1, end) for lv in range(1, num_levels + 1)])
+        relevant = at_rank[:, :, -1].T.to(torch.float64)  # (Q, L): |Omega^(l)|, l >= 1
+        counts = torch.cat([(sizes - relevant.sum(dim=1)).unsqueeze(1), relevant], dim=1)
+        return cls(levels, ranks, at_rank, counts, ascending, num_levels)
 
 
 def h_ap(r: RankedLevels, **relevance_kwargs: object) -> torch.Tensor:
     """H-AP (Eq. 19) per query; ``relevance_kwargs`` go to :func:`rankopt.rank.relevance.relevance`."""
-    levels, num_levels = r.rel_levels, r.num_levels
+    levels, num_levels = r.levels, r.num_levels
     per_level = torch.arange(num_levels + 1, device=levels.device).expand(levels.shape[0], -1)
     table = relevance(per_level, num_levels, counts=r.counts, **relevance_kwargs)  # type: ignore[arg-type]  # (Q, L + 1)
     rel = table.gather(1, levels)
     h_rank = rel.clone()
     for lv in range(1, num_levels + 1):
-        others = r.at_rank[lv] - (levels == lv).to(torch.int32)  # j != k
+        others = r.at_rank[lv - 1] - (levels == lv).to(torch.int32)  # j != k
         h_rank += torch.minimum(rel, table[:, lv : lv + 1]) * others
-    relevant = levels > 0
-    total = (rel * relevant).sum(dim=1)
-    value = torch.where(relevant, h_rank / r.rel_ranks, 0.0).sum(dim=1) / total
+    total = rel.sum(dim=1)  # padding (level 0) has rel 0, hence h_rank 0
+    value = (h_rank / r.ranks.to(torch.float64)).sum(dim=1) / total
     return torch.where(total > 0, value, torch.nan)
 
 
 def ap_at_level(r: RankedLevels, min_level: int) -> torch.Tensor:
     """Binary AP with positives ``level >= min_level >= 1`` (TPAMI Eq. 34): ``mean rank+/rank`` over positives."""
-    positive = r.rel_levels >= min_level
-    rank_plus = r.at_rank[min_level:].sum(dim=0).to(torch.float64)
+    positive = r.levels >= min_level
+    rank_plus = r.at_rank[min_level - 1 :].sum(dim=0).to(torch.float64)
     num_pos = r.counts[:, min_level:].sum(dim=1)
-    value = torch.where(positive, rank_plus / r.rel_ranks, 0.0).sum(dim=1) / num_pos
+    value = torch.where(positive, rank_plus / r.ranks.to(torch.float64), 0.0).sum(dim=1) / num_pos
     return torch.where(num_pos > 0, value, torch.nan)
 
 
 def ndcg(r: RankedLevels, gains: str | Sequence[float] = "exp") -> torch.Tensor:
-    """NDCG (Eq. 23) with pessimistic ranks; the ideal ranking sorts items by decreasing gain."""
+    """NDCG (Eq. 23) with pessimistic ranks; the ideal ranking sorts items by decreasing gain.
+
+    The level-0 items add ``g_0 sum_{k in Omega^(0)} 1/log2(1 + rank(k))``, from the sorted rows, only when ``g_0 != 0``."""
     levels, device = r.levels, r.levels.device
     level_gain = ndcg_gains(torch.arange(r.num_levels + 1, device=device), gains)
-    dcg = (level_gain[levels] / torch.log2(1.0 + r.ranks)).sum(dim=1)
+    log_rank = torch.log2(1.0 + torch.arange(r.ascending.shape[1] + 1, dtype=torch.float64, device=device))  # [r]: log2(1 + r)
+    relevant_gain = torch.cat([torch.zeros(1, dtype=torch.float64, device=device), level_gain[1:]])
+    dcg = (relevant_gain[levels] / log_rank[r.ranks]).sum(dim=1)
+    if float(level_gain[0]) != 0.0:
+        descending = r.ascending.flip(1)  # excluded items (-inf) last
+        every = torch.where(descending > float("-inf"), 1.0 / log_rank[list_ranks(descending, complete=True)], 0.0).sum(dim=1)
+        dcg += level_gain[0] * (every - torch.where(levels > 0, 1.0 / log_rank[r.ranks], 0.0).sum(dim=1))
     order = level_gain.argsort(descending=True, stable=True)
-    positions = torch.arange(1, levels.shape[1] + 1, dtype=torch.float64, device=device)
-    discount = torch.cat([torch.zeros(1, dtype=torch.float64, device=device), (1.0 / torch.log2(1.0 + positions)).cumsum(0)])
+    discount = torch.cat([torch.zeros(1, dtype=torch.float64, device=device), (1.0 / log_rank[1:]).cumsum(0)])
     sorted_counts = r.counts[:, order].long()
     end = sorted_counts.cumsum(dim=1)
     start = end - sorted_counts
@@ -96,40 +172,38 @@ def ndcg(r: RankedLevels, gains: str | Sequence[float] = "exp") -> torch.Tensor:
 
 
 def asi(r: RankedLevels) -> torch.Tensor:
-    """Average set intersection (Sec. C-A1) per query, ranks pessimistic; depths ``n <= P``."""
-    width = r.width
-    head = r.values[:, : width + 1]
-    num = head.shape[0]
-    n = torch.arange(1, width + 1, device=head.device).expand(num, width)
-    # the items with rank <= n are the list prefix up to the last tie group ending at or before n
-    ends_before = torch.where(is_tie_end(head)[:, :width], n - 1, tie_starts(head)[:, :width] - 1)
-    has_prefix = ends_before >= 0
-    ends_before = ends_before.clamp(min=0)
+    """Average set intersection (Sec. C-A1) per query, ranks pessimistic; depths ``n <= P``.
+
+    ``#level-l items with rank <= n`` is the running sum of a per-level histogram of the ranks ``<= P``;
+    the intersections are integers, divided by ``n`` once."""
+    (num, width), num_levels, device = r.levels.shape, r.num_levels, r.levels.device
+    bins = (r.levels - 1) * (width + 1) + r.ranks
+    bins = torch.where((r.levels > 0) & (r.ranks <= width), bins, num_levels * (width + 1))  # last bin: not counted
+    hist = torch.zeros(num, num_levels * (width + 1) + 1, dtype=torch.int32, device=device)
+    hist.scatter_add_(1, bins, torch.ones_like(bins, dtype=torch.int32))
+    in_top = hist[:, :-1].view(num, num_levels, width + 1).cumsum(dim=2)[:, :, 1:]  # (Q, L, P): depths 1..P
+    n = torch.arange(1, width + 1, device=device)
+    counts = r.counts.long()
+    above = torch.zeros(num, 1, dtype=torch.int64, device=device)
+    inter = torch.zeros(num, width, dtype=torch.int64, device=device)
+    for lv in range(num_levels, 0, -1):
+        ideal = (n - above).clamp(min=0).minimum(counts[:, lv : lv + 1])
+        inter += torch.minimum(in_top[:, lv - 1], ideal)
+        above += counts[:, lv : lv + 1]
     num_pos = r.counts[:, 1:].sum(dim=1)
-    above = torch.zeros(num, 1, dtype=torch.float64, device=head.device)
-    inter = torch.zeros(num, width, dtype=torch.float64, device=head.device)
-    for lv in range(r.num_levels, 0, -1):
-        in_top = torch.where(has_prefix, r.cums[lv].gather(1, ends_before), 0)
-        ideal = (n - above).clamp(min=0).minimum(r.counts[:, lv : lv + 1])
-        inter += torch.minimum(in_top, ideal)
-        above += r.counts[:, lv : lv + 1]
-    value = torch.where(n <= num_pos.unsqueeze(1), inter / n, 0.0).sum(dim=1) / num_pos
+    value = torch.where(n <= num_pos.unsqueeze(1), inter.to(torch.float64) / n, 0.0).sum(dim=1) / num_pos
     return torch.where(num_pos > 0, value, torch.nan)
 
 
 def hierarchical_metrics(
-    values: torch.Tensor,
-    levels: torch.Tensor,
-    ranks: torch.Tensor,
-    num_levels: int,
+    r: RankedLevels,
     requests: list[tuple[str, str, int]],
     *,
     alpha: float = 1.0,
     weights: Sequence[float] | None = None,
     gains: str | Sequence[float] = "exp",
 ) -> dict[str, torch.Tensor]:
-    """Per-query hierarchical metrics from complete ranked lists; ``requests``: ``(name, family, k)``."""
-    r = RankedLevels(values, levels, ranks, num_levels)
+    """Per-query hierarchical metrics from :class:`RankedLevels`; ``requests``: ``(name, family, k)``."""
     out = {}
     for name, family, k in requests:
         if family == "h-ap":
@@ -137,7 +211,7 @@ def hierarchical_metrics(
         elif family == "sum_wap":
             out[name] = h_ap(r, kind="sum_wap", weights=weights)
         elif family == "ap@level":
-            out[name] = ap_at_level(r, num_levels - k)
+            out[name] = ap_at_level(r, r.num_levels - k)
         elif family == "ndcg":
             out[name] = ndcg(r, gains)
         elif family == "asi":

@@ -1,0 +1,326 @@
+"""Exact binary retrieval metrics on CPU in one pass over tiles of the score matrix.
+
+The binary metrics need two things from the ``Q x R`` scores: each query's top-``K`` list
+(recall, precision, true recall, mAP@R, mAP@k) and, for each positive ``j``,
+``rank(j) = #{k in Omega : s_k >= s_j}`` (mAP, MRR). :func:`tiled_search` gets both from one pass
+over ``TILE x TILE`` tiles of the product, each read once by a compiled kernel
+(:mod:`rankopt.metrics._tile_kernels`) that keeps a bounded heap of the ``K`` best scores per
+query and counts the negatives scoring at least each positive's score: no sort, no ``(Q, R)``
+matrix, no ``torch.topk`` over whole tiles.
+
+A count ``#{k : s_k >= t_j}`` needs the threshold ``t_j = s_j`` before the tiles are read, and it
+must be the very value the tiles hold, or ties break. Queries and references are therefore
+reordered by finest label so that each block of queries has all its positives in one contiguous
+range of references, its *positive tile*, computed first: the thresholds are read from it, and
+every later tile of the block holds negatives only. In self-retrieval the blocks end at class
+boundaries, the positive tiles are the diagonal tiles, and each off-diagonal tile serves its rows
+and, transposed, its columns: half the products, as :func:`rankopt.metrics.search.self_topk`.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from rankopt.similarity import pairwise, prepare
+
+TILE = 4096  # rows and columns of a tile
+POSITIVE_RANGE = 8192  # most references in one query block's positive tile (separate gallery)
+
+
+@functools.cache
+def available() -> bool:
+    """Whether the compiled kernels can be used (numba importable)."""
+    try:
+        import numba  # noqa: F401, PLC0415 - optional at run time, imported lazily
+    except ImportError:  # pragma: no cover - depends on the environment
+        return False
+    return True
+
+
+@dataclass
+class TiledSearch:
+    """Per query (original order): the exact top-``K`` list and the positives' ranks.
+
+    ``values``/``indices``: ``(Q, K)`` best scores, decreasing, and their references (a slot the
+    retrieval set cannot fill holds the query's excluded reference at ``-inf``).
+    ``positive_scores``/``positive_valid``: ``(Q, P)`` the positives' scores, decreasing, padding
+    (not valid, ``-inf``) last. ``ranks``: ``(Q, P)`` ``#{k in Omega : s_k >= t_p}``, pessimistic.
+    """
+
+    values: torch.Tensor
+    indices: torch.Tensor
+    positive_scores: torch.Tensor
+    positive_valid: torch.Tensor
+    ranks: torch.Tensor
+
+
+def query_blocks(counts: list[int], ref_starts: list[int], ref_ends: list[int], tile: int, limit: int) -> list[tuple[int, int, int, int]]:
+    """``(q_lo, q_hi, r_lo, r_hi)`` blocks over queries sorted by class.
+
+    Class ``c`` has ``counts[c]`` consecutive queries and its positives at references
+    ``[ref_starts[c], ref_ends[c])`` (non-decreasing in ``c``). A block holds at most ``tile``
+    queries and a reference range of at most ``limit``; it ends at a class boundary unless one
+    class alone has more than ``tile`` queries, which is then split.
+    """
+    blocks: list[tuple[int, int, int, int]] = []
+    start = pos = lo = hi = 0
+    for count, ref_start, ref_end in zip(counts, ref_starts, ref_ends):
+        if pos > start and (pos + count - start > tile or ref_end - lo > limit):
+            blocks.append((start, pos, lo, hi))
+            start = pos
+        if pos == start:
+            lo = ref_start
+        hi = ref_end
+        end = pos + count
+        while end - start > tile:  # a class with more than `tile` queries, alone in its blocks
+            blocks.append((start, start + tile, lo, hi))
+            start += tile
+        pos = end
+    if pos > start:
+        blocks.append((start, pos, lo, hi))
+    return blocks
+
+
+class _State:
+    """Heaps, thresholds and counts of the queries, in the sorted order, as numpy views of tensors."""
+
+    def __init__(self, num_queries: int, k: int, width: int, dtype: torch.dtype) -> None:
+        self.heap_values = torch.full((num_queries, k), float("-inf"), dtype=dtype)
+        self.heap_ids = torch.full((num_queries, k), -1, dtype=torch.int64)
+        self.thresholds = torch.full((num_queries, width), float("inf"), dtype=dtype)  # +inf: counts nothing
+        self.npos = torch.zeros(num_queries, dtype=torch.int64)
+        self.counts = torch.zeros((num_queries, width), dtype=torch.int64)
+
+    def numpy(self, rows: slice) -> tuple[np.ndarray, ...]:
+        return tuple(t[rows].numpy() for t in (self.heap_values, self.heap_ids, self.thresholds, self.npos, self.counts))
+
+
+def tiled_search(
+    query: torch.Tensor,
+    query_fine: torch.Tensor,
+    ref: torch.Tensor | None,
+    ref_fine: torch.Tensor,
+    own: torch.Tensor | None,
+    *,
+    k: int,
+    count_positives: bool,
+    similarity: str = "cosine",
+    tile: int = TILE,
+    candidate_capacity: int | None = None,
+) -> TiledSearch:
+    """Top-``k`` lists and positives' ranks of every query, exact (ties pessimistic), on CPU.
+
+    ``ref=None``: self-retrieval (``ref_fine`` is ``query_fine``). ``own``: ``(Q,)`` the reference
+    excluded from each query's retrieval set (``-1``: none; self-retrieval: ``arange(Q)``).
+    Positives of a query: the references of its finest label, ``own`` excluded.
+    ``count_positives=False`` skips the ranks (``P = 0``). ``candidate_capacity``: room for column
+    candidates per thread of :class:`_PairPass` (default: a sixteenth of a tile, at least 65,536; tests make it tiny
+    to exercise the fallback).
+    """
+    from rankopt.metrics import _tile_kernels as kernels  # noqa: PLC0415 - numba, imported on first use
+
+    self_retrieval = ref is None
+    num_queries = query.shape[0]
+    num_refs = num_queries if self_retrieval else ref.shape[0]
+    if count_positives:
+        q_order, r_order, ref_starts, ref_counts, class_of_query, blocks = _class_blocks(query_fine, ref_fine, self_retrieval, tile)
+    else:  # plain tiles in the given order; the diagonal tiles (self-retrieval) come first
+        q_order, r_order = torch.arange(num_queries), torch.arange(num_refs)
+        blocks = [(lo, min(lo + tile, num_queries)) * 2 if self_retrieval else (lo, min(lo + tile, num_queries), 0, 0)
+                  for lo in range(0, num_queries, tile)]
+    x_query = prepare(query, similarity)[q_order]
+    x_ref = x_query if self_retrieval else prepare(ref, similarity)[r_order]
+    q_labels = query_fine[q_order].contiguous()
+    r_labels = q_labels if self_retrieval else ref_fine[r_order].contiguous()
+    own_sorted = torch.full((num_queries,), -1, dtype=torch.int64)
+    if own is not None:
+        r_rank = torch.empty_like(r_order)
+        r_rank[r_order] = torch.arange(num_refs)
+        original = own[q_order]
+        own_sorted = torch.where(original >= 0, r_rank[original.clamp(min=0)], -1)
+
+    width = max(int(ref_counts.max()), 1) if count_positives and ref_counts.numel() else int(count_positives)
+    state = _State(num_queries, k, width, x_query.dtype)
+    rows_max = max(q_hi - q_lo for q_lo, q_hi, _, _ in blocks)
+    cols_max = max([tile, rows_max] + [r_hi - r_lo for _, _, r_lo, r_hi in blocks])
+    buffer = torch.empty(rows_max * cols_max, dtype=x_query.dtype)
+
+    def scores(rows: slice, cols: slice) -> torch.Tensor:
+        a, b = x_query[rows], x_ref[cols]
+        return pairwise(a, b, similarity, prepared=True, out=buffer[: a.shape[0] * b.shape[0]].view(a.shape[0], b.shape[0]))
+
+    def own_in(rows: slice, col_lo: int, num_cols: int) -> np.ndarray:
+        local = own_sorted[rows] - col_lo
+        return torch.where((local >= 0) & (local < num_cols), local, -1).numpy()
+
+    def serve_rows(tile_scores: torch.Tensor, rows: slice, col_lo: int, skip: tuple[int, int], check_labels: bool) -> None:
+        n = tile_scores.shape[1]
+        args = (col_lo, *state.numpy(rows), own_in(rows, col_lo, n), *skip, q_labels[rows].numpy(),
+                r_labels[col_lo : col_lo + n].numpy(), check_labels)
+        pool.run(lambda _, lo, hi: kernels.rows_pass(tile_scores.numpy(), lo, hi, *args), tile_scores.shape[0])
+
+    with _Pool(torch.get_num_threads()) as pool:
+        for q_lo, q_hi, r_lo, r_hi in blocks:  # positive tiles: thresholds, then the tile's counts
+            if r_hi == r_lo:
+                continue
+            rows = slice(q_lo, q_hi)
+            tile_scores = scores(rows, slice(r_lo, r_hi))
+            if width:
+                _read_thresholds(state, rows, tile_scores, ref_starts[class_of_query[rows]] - r_lo,
+                                 ref_counts[class_of_query[rows]], own_sorted[rows] - r_lo)
+            serve_rows(tile_scores, rows, r_lo, (r_hi - r_lo, r_hi - r_lo), True)
+        if self_retrieval:
+            pairs = _PairPass(state, pool, rows_max, candidate_capacity)
+            for a, (a_lo, a_hi, _, _) in enumerate(blocks):  # off-diagonal tiles serve their rows and their columns
+                rows = slice(a_lo, a_hi)
+                for b_lo, b_hi, _, _ in blocks[a + 1 :]:
+                    cols = slice(b_lo, b_hi)
+                    pairs.serve(scores(rows, cols).numpy(), rows, cols)
+        else:
+            for q_lo, q_hi, r_lo, r_hi in blocks:  # every reference tile outside the block's positive range
+                rows = slice(q_lo, q_hi)
+                for c_lo in range(0, num_refs, tile):
+                    n = min(c_lo + tile, num_refs) - c_lo
+                    skip_lo, skip_hi = min(max(r_lo - c_lo, 0), n), min(max(r_hi - c_lo, 0), n)
+                    if skip_lo == 0 and skip_hi == n:
+                        continue
+                    serve_rows(scores(rows, slice(c_lo, c_lo + n)), rows, c_lo, (skip_lo, skip_hi) if skip_lo < skip_hi else (n, n), False)
+    return _result(state, q_order, r_order, own_sorted, own, width)
+
+
+class _Pool:
+    """Runs a serial, GIL-releasing kernel on ``threads`` contiguous ranges at once."""
+
+    def __init__(self, threads: int) -> None:
+        self.threads = max(1, threads)
+        self.executor = ThreadPoolExecutor(self.threads) if self.threads > 1 else None
+
+    def ranges(self, total: int) -> list[tuple[int, int]]:
+        step = -(-total // self.threads)
+        return [(lo, min(total, lo + step)) for lo in range(0, total, step)] or [(0, 0)]
+
+    def run(self, kernel: Callable[[int, int, int], object], total: int) -> list[object]:
+        """``kernel(index, lo, hi)`` over the ranges of ``[0, total)``, in parallel; the results in order."""
+        jobs = [(index, lo, hi) for index, (lo, hi) in enumerate(self.ranges(total))]
+        if self.executor is None:
+            return [kernel(*job) for job in jobs]
+        return list(self.executor.map(lambda job: kernel(*job), jobs))
+
+    def __enter__(self) -> _Pool:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.executor is not None:
+            self.executor.shutdown()
+
+
+class _PairPass:
+    """Off-diagonal tiles of a symmetric product: one :func:`pair_pass` over the tile for its rows and
+    columns (a row range per thread, each with its own column counts and candidate buffer), then the
+    column candidates merged into their heaps by column range (or, if a buffer overflowed, every score
+    offered to its column's heap by :func:`column_heaps_pass`)."""
+
+    def __init__(self, state: _State, pool: _Pool, tile: int, capacity: int | None) -> None:
+        self.state, self.pool = state, pool
+        tasks = pool.threads
+        self.capacity = capacity if capacity is not None else max(2**16, tile * tile // (16 * tasks))
+        dtype = state.heap_values.numpy().dtype
+        self.candidates = np.empty((tasks, self.capacity), dtype=dtype)
+        self.candidate_ids = np.empty((tasks, self.capacity), dtype=np.int64)
+        self.column_acc = np.empty((tasks, state.counts.shape[1] * tile), dtype=np.int32)  # (P, n) per thread
+        self.overflows = 0
+
+    def serve(self, scores: np.ndarray, rows: slice, cols: slice) -> None:
+        from rankopt.metrics import _tile_kernels as kernels  # noqa: PLC0415
+
+        s, n = self.state, scores.shape[1]
+        p = int(s.npos[cols].max()) if s.counts.shape[1] else 0
+        heap_values, heap_ids = s.heap_values[cols].numpy(), s.heap_ids[cols].numpy()
+        floors, roots = kernels.column_floors(heap_values, n)
+        thresholds_t = s.thresholds[cols, :p].T.contiguous().numpy()
+        acc = self.column_acc[:, : p * n].reshape(self.pool.threads, p, n)
+        acc[...] = 0
+        row_state = s.numpy(rows)
+
+        def rows_and_columns(t: int, lo: int, hi: int) -> int:
+            return kernels.pair_pass(scores, lo, hi, cols.start, *row_state, roots, floors, thresholds_t, acc[t],
+                                     self.candidates[t], self.candidate_ids[t])
+
+        found = dict(enumerate(self.pool.run(rows_and_columns, scores.shape[0])))
+        s.counts[cols, :p] += torch.from_numpy(acc.sum(axis=0, dtype=np.int64).T)
+        if all(f <= self.capacity for f in found.values()):
+            def merge(_: int, lo: int, hi: int) -> None:
+                for t, f in found.items():
+                    kernels.merge_column_candidates(heap_values, heap_ids, self.candidates[t], self.candidate_ids[t], f, n,
+                                                    rows.start, lo, hi)
+        else:
+            self.overflows += 1
+
+            def merge(_: int, lo: int, hi: int) -> None:
+                kernels.column_heaps_pass(scores, heap_values, heap_ids, rows.start, lo, hi)
+
+        self.pool.run(merge, n)
+
+
+def _class_blocks(
+    query_fine: torch.Tensor, ref_fine: torch.Tensor, self_retrieval: bool, tile: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, list[tuple[int, int, int, int]]]:
+    """Queries sorted by class; references of the queries' classes first, in the same class order, then
+    the others. Returns the two orders, each query class's reference range (start, count), the class of
+    each sorted query and the :func:`query_blocks` (in self-retrieval: square, on the diagonal)."""
+    q_order = query_fine.argsort(stable=True)
+    classes, q_counts = torch.unique_consecutive(query_fine[q_order], return_counts=True)
+    if self_retrieval:
+        r_order, ref_counts = q_order, q_counts
+    else:
+        slot = torch.searchsorted(classes, ref_fine).clamp(max=classes.numel() - 1)
+        key = torch.where(classes[slot] == ref_fine, slot, classes.numel())
+        r_order = key.argsort(stable=True)
+        ref_counts = torch.bincount(key, minlength=classes.numel() + 1)[:-1]
+    ref_starts = ref_counts.cumsum(0) - ref_counts
+    if self_retrieval:  # square blocks on the diagonal: a class never split, however small the tile
+        tile = limit = max(tile, int(q_counts.max()))
+    else:
+        limit = max(tile, POSITIVE_RANGE)
+    blocks = query_blocks(q_counts.tolist(), ref_starts.tolist(), (ref_starts + ref_counts).tolist(), tile, limit)
+    class_of_query = torch.repeat_interleave(torch.arange(classes.numel()), q_counts)
+    return q_order, r_order, ref_starts, ref_counts, class_of_query, blocks
+
+
+def _read_thresholds(state: _State, rows: slice, tile_scores: torch.Tensor, first: torch.Tensor, count: torch.Tensor,
+                     own_local: torch.Tensor) -> None:
+    """The positives' scores of the block's queries, read from their positive tile, decreasing."""
+    span = max(int(count.max()), 1)
+    cols = first.unsqueeze(1) + torch.arange(span)
+    valid = (torch.arange(span) < count.unsqueeze(1)) & (cols != own_local.unsqueeze(1))
+    t = tile_scores.gather(1, cols.clamp(0, tile_scores.shape[1] - 1))
+    t = t.masked_fill(~valid, float("-inf")).sort(dim=1, descending=True).values
+    npos = valid.sum(dim=1)
+    state.thresholds[rows, :span] = torch.where(torch.arange(span) < npos.unsqueeze(1), t, float("inf"))
+    state.npos[rows] = npos
+
+
+def _result(state: _State, q_order: torch.Tensor, r_order: torch.Tensor, own_sorted: torch.Tensor, own: torch.Tensor | None,
+            width: int) -> TiledSearch:
+    """Lists sorted, references and queries back in their original order, ranks = negatives + ``rank+``."""
+    values, order = state.heap_values.sort(dim=1, descending=True)
+    ids = state.heap_ids.gather(1, order)
+    unfilled = ids < 0  # only a query with an excluded reference can leave one slot: that reference, at -inf
+    if bool(unfilled.any()):
+        if own is None or bool((unfilled & (own_sorted < 0).unsqueeze(1)).any()):
+            raise RuntimeError("tiled_search: a top-k list was not filled; k exceeds a retrieval set")
+        ids = torch.where(unfilled, own_sorted.unsqueeze(1), ids)
+    ids = r_order[ids]
+    valid = torch.arange(width) < state.npos.unsqueeze(1)
+    t = state.thresholds.masked_fill(~valid, float("-inf"))
+    rank_plus = ((t.unsqueeze(1) >= t.unsqueeze(2)) & valid.unsqueeze(1)).sum(dim=2)
+    ranks = state.counts + rank_plus
+    back = torch.empty_like(q_order)
+    back[q_order] = torch.arange(q_order.numel())
+    return TiledSearch(values[back], ids[back], t[back], valid[back], ranks[back])

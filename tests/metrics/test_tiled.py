@@ -1,0 +1,214 @@
+"""``evaluate(..., method="tiled")``: the compiled one-pass kernels of :mod:`rankopt.metrics.tiled`.
+
+Oracles: the brute-force float64 loops of ``reference.py`` (integer-valued embeddings with the
+dot product give many exact ties, including ties between positives and negatives and with a
+query's excluded copy) and the chunked torch path (``method="chunked"``). Tiles are made tiny so
+that every kind of tile (positive tiles, off-diagonal pair tiles, skipped ranges, overflowing
+candidate buffers) occurs in a few dozen items. All data are synthetic.
+"""
+
+from __future__ import annotations
+
+import functools
+import numpy as np
+import pytest
+import torch
+
+import rankopt.metrics.evaluation as ev
+from rankopt.metrics import evaluate, tiled
+
+from . import reference
+from . import test_query_ref_index as copies
+
+pytest.importorskip("numba")
+SEARCH = tiled.tiled_search
+
+BINARY = ["recall@1", "recall@3", "recall@20", "precision@1", "precision@4", "true_recall@2", "true_recall@5",
+          "map@r", "map@3", "map", "mrr"]  # fmt: skip
+
+
+@pytest.fixture
+def small_tiles(monkeypatch):
+    """Tiles of ``tile`` (positive ranges up to twice that), candidate buffers of ``capacity`` per thread,
+    kernels on ``threads`` ranges."""
+
+    def use(tile: int = 8, capacity: int | None = None, threads: int = 3) -> None:
+        monkeypatch.setattr(torch, "get_num_threads", lambda: threads)  # row and column ranges run in a pool
+        monkeypatch.setattr(tiled, "TILE", tile)
+        monkeypatch.setattr(tiled, "POSITIVE_RANGE", 2 * tile)
+        monkeypatch.setattr(tiled, "tiled_search", functools.partial(SEARCH, candidate_capacity=capacity))
+
+    return use
+
+
+def _case(seed: int, n: int, num_classes: int, ties: bool, dim: int = 3):
+    rng = np.random.default_rng(seed)
+    x = rng.integers(-1, 2, size=(n, dim)).astype(np.float64) if ties else rng.normal(size=(n, dim))
+    return x, rng.integers(0, num_classes, size=n)
+
+
+def _both(x, y, xr=None, yr=None, names=BINARY, similarity="dot", **kwargs):
+    t = lambda a: None if a is None else torch.as_tensor(a)  # noqa: E731
+    got = evaluate(t(x), t(y), t(xr), t(yr), metrics=names, similarity=similarity, method="tiled", **kwargs)
+    chunked = evaluate(t(x), t(y), t(xr), t(yr), metrics=names, similarity=similarity, method="chunked", **kwargs)
+    return got, chunked
+
+
+@pytest.mark.parametrize("seed", range(10))
+@pytest.mark.parametrize(("tile", "threads"), [(5, 3), (8, 1), (64, 2)])
+def test_self_retrieval_against_brute_force(seed, tile, threads, small_tiles):
+    small_tiles(tile, threads=threads)
+    ties = seed % 3 != 0
+    x, y = _case(seed, n=45, num_classes=11, ties=ties)
+    got, chunked = _both(x, y, similarity="dot" if ties else "cosine")
+    want, without = reference.evaluate(x, y, None, None, BINARY, "dot" if ties else "cosine")
+    copies._assert_close(got.metrics, want)
+    assert got.metrics == chunked.metrics
+    assert got.num_queries_without_positive == without
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_overflowing_candidate_buffers_fall_back_to_the_column_scan(seed, small_tiles, monkeypatch):
+    """With room for one candidate per task, every pair tile overflows and takes the fallback."""
+    from rankopt.metrics import _tile_kernels
+
+    calls = []
+    fallback = _tile_kernels.column_heaps_pass
+    monkeypatch.setattr(_tile_kernels, "column_heaps_pass", lambda *a: (calls.append(1), fallback(*a))[1])
+    small_tiles(8, capacity=1)
+    x, y = _case(seed, n=40, num_classes=9, ties=True)
+    got, _ = _both(x, y)
+    want, _ = reference.evaluate(x, y, None, None, BINARY, "dot")
+    copies._assert_close(got.metrics, want)
+    assert calls, "no tile overflowed: the fallback was not exercised"
+
+
+@pytest.mark.parametrize("seed", range(8))
+@pytest.mark.parametrize("similarity", ["dot", "neg_l2", "cosine"])
+def test_separate_gallery_against_brute_force(seed, similarity, small_tiles):
+    """Gallery classes absent from the queries and query classes absent from the gallery; the positive
+    ranges straddle tiles, so the skipped column ranges are exercised."""
+    small_tiles(6)
+    ties = similarity != "cosine"
+    x, y = _case(seed, n=25, num_classes=9, ties=ties)
+    xr, yr = _case(seed + 100, n=50, num_classes=12, ties=ties)
+    got, chunked = _both(x, y, xr, yr, similarity=similarity)
+    want, without = reference.evaluate(x, y, xr, yr, BINARY, similarity)
+    copies._assert_close(got.metrics, want)
+    assert got.metrics == chunked.metrics
+    assert got.num_queries_without_positive == without
+
+
+@pytest.mark.parametrize("seed", range(8))
+@pytest.mark.parametrize("mode", ["mixed", "all", "any"])
+def test_query_copies_excluded_by_index(seed, mode, small_tiles):
+    """A gallery holding copies of the queries (tied with them), some exclusions pointing at unrelated items."""
+    small_tiles(4)
+    x, y, xr, yr, index = copies._case(seed, num_queries=16, num_others=30, copies=mode)
+    names = BINARY
+    got = evaluate(*map(torch.as_tensor, (x, y, xr, yr)), metrics=names, similarity="dot",
+                   query_ref_index=torch.as_tensor(index), method="tiled")
+    want, without = copies._brute_force(x, y, xr, yr, index, names)
+    copies._assert_close(got.metrics, want)
+    assert got.num_queries_without_positive == without
+
+
+@pytest.mark.parametrize("count_positives", [True, False])
+def test_lists_holding_the_whole_retrieval_set(count_positives, small_tiles):
+    """``recall@100`` on 30 items: every list holds the whole retrieval set."""
+    small_tiles(8)
+    x, y = _case(1, n=30, num_classes=6, ties=True)
+    names = ["recall@100", "precision@10", "map@r"] + (["map", "mrr"] if count_positives else [])
+    got, _ = _both(x, y, names=names)
+    want, _ = reference.evaluate(x, y, None, None, names, "dot")
+    copies._assert_close(got.metrics, want)
+
+
+def test_float32_and_large_classes_for_top_k_metrics(small_tiles):
+    """Top-k metrics alone need no thresholds: classes of any size, float32 embeddings."""
+    small_tiles(16)
+    x, y = _case(4, n=120, num_classes=2, ties=True)
+    names = ["recall@1", "recall@10", "precision@5", "map@r"]
+    x32 = torch.as_tensor(x, dtype=torch.float32)
+    got = evaluate(x32, torch.as_tensor(y), metrics=names, similarity="dot", method="tiled")
+    chunked = evaluate(x32, torch.as_tensor(y), metrics=names, similarity="dot", method="chunked")
+    assert got.metrics == chunked.metrics
+    want, _ = reference.evaluate(x, y, None, None, names, "dot")
+    copies._assert_close(got.metrics, want)
+
+
+def test_tiled_search_lists_and_ranks_against_the_definitions():
+    """The raw outputs: each top-k list holds the k best scores of the retrieval set, and each rank is
+    ``#{k in Omega : s_k >= t_p}`` for the positive's score ``t_p``."""
+    rng = np.random.default_rng(0)
+    x = torch.as_tensor(rng.integers(-2, 3, size=(50, 4)).astype(np.float64))
+    y = torch.as_tensor(rng.integers(0, 12, size=50))
+    found = SEARCH(x, y, None, y, torch.arange(50), k=7, count_positives=True,
+                                           similarity="dot", tile=8, candidate_capacity=2)
+    s = (x @ x.T).fill_diagonal_(float("-inf"))
+    assert torch.equal(found.values, s.topk(7, dim=1).values)
+    assert torch.equal(s.gather(1, found.indices), found.values)
+    for i in range(50):
+        positives = [j for j in range(50) if j != i and y[j] == y[i]]
+        want = sorted((float(s[i, j]) for j in positives), reverse=True)
+        got = found.positive_scores[i, found.positive_valid[i]].tolist()
+        assert got == want
+        for t, rank in zip(got, found.ranks[i, found.positive_valid[i]].tolist()):
+            assert rank == int((s[i] >= t).sum())
+
+
+def test_query_blocks_end_at_class_boundaries_and_respect_the_limits():
+    counts = [3, 1, 9, 2, 2, 5]
+    starts = [0, 4, 4, 10, 11, 20]
+    ends = [4, 4, 10, 11, 20, 22]
+    blocks = tiled.query_blocks(counts, starts, ends, tile=4, limit=7)
+    assert blocks[0][0] == 0 and blocks[-1][1] == sum(counts)
+    assert all(a[1] == b[0] for a, b in zip(blocks, blocks[1:]))  # the blocks cover the queries in order
+    assert all(0 < hi - lo <= 4 for lo, hi, _, _ in blocks)
+    class_of = np.repeat(np.arange(len(counts)), counts)
+    boundaries = set(np.cumsum([0] + counts).tolist())
+    for lo, hi, r_lo, r_hi in blocks:
+        classes = set(class_of[lo:hi].tolist())
+        assert all(r_lo <= starts[c] and ends[c] <= r_hi for c in classes)  # every positive in the range
+        assert r_hi - r_lo <= 7 or len(classes) == 1  # the limit holds unless one class alone exceeds it
+        assert hi in boundaries or (class_of[hi - 1] == class_of[hi] and counts[class_of[hi]] > 4)  # only big classes are cut
+    assert blocks == [(0, 4, 0, 4), (4, 8, 4, 10), (8, 12, 4, 10), (12, 15, 4, 11), (15, 17, 11, 20), (17, 21, 20, 22), (21, 22, 20, 22)]
+
+
+def test_method_choice_and_refusals(monkeypatch):
+    x, y = _case(0, n=30, num_classes=6, ties=False)
+    x, y = torch.as_tensor(x), torch.as_tensor(y)
+    used = []
+    real = tiled.tiled_search
+    monkeypatch.setattr(tiled, "tiled_search", lambda *a, **k: (used.append(1), real(*a, **k))[1])
+    evaluate(x, y, metrics=["map"])  # below the threshold: chunked
+    assert not used
+    monkeypatch.setattr(ev, "TILED_MIN_SCORES", 10)
+    evaluate(x, y, metrics=["map"])
+    assert used
+    with pytest.raises(ValueError, match="binary metrics only"):
+        evaluate(x, torch.stack([y, y // 2], 1), metrics=["h-ap"], method="tiled")
+    with pytest.raises(ValueError, match="at most 32 positives"):
+        evaluate(torch.randn(40, 3), torch.zeros(40, dtype=torch.long), metrics=["map"], method="tiled")
+    with pytest.raises(ValueError, match="unknown method"):
+        evaluate(x, y, method="fast")
+    with pytest.raises(ValueError, match="without ref_block_size"):
+        evaluate(x, y, metrics=["map"], method="tiled", ref_block_size=8)
+    with pytest.raises(ValueError, match="backend='torch'"):
+        evaluate(x, y, metrics=["recall@1"], method="tiled", backend="faiss")
+
+
+def test_evaluate_embeddings_method_flag(tmp_path, capsys):
+    from rankopt.cli import main
+
+    x, y = _case(2, n=40, num_classes=8, ties=False)
+    np.save(tmp_path / "E.npy", x.astype(np.float32))
+    np.save(tmp_path / "L.npy", y)
+    printed = {}
+    for method in ("tiled", "chunked"):
+        out = tmp_path / f"{method}.json"
+        assert main(["evaluate-embeddings", "--embeddings", str(tmp_path / "E.npy"), "--labels", str(tmp_path / "L.npy"),
+                     "--metrics", "recall@1", "map", "--method", method, "--json", str(out), "--no-progress"]) in (0, None)
+        printed[method] = out.read_text()
+    assert printed["tiled"] == printed["chunked"]
+    capsys.readouterr()

@@ -131,12 +131,14 @@ def _equal(a: dict[str, float], b: dict[str, float]) -> bool:
     return a.keys() == b.keys() and all(abs(a[k] - b[k]) <= 1e-12 for k in a)
 
 
-def machine() -> str:
+def machine(threads: int | None = None) -> str:
+    """Processor, cores, torch version and threads (``threads``: the workers', default this process's), load."""
     import torch
 
+    threads = torch.get_num_threads() if threads is None else threads
     load = ", ".join(f"{v:.1f}" for v in os.getloadavg())
     return (f"{platform.processor() or platform.machine()}, {os.cpu_count()} CPU cores, torch {torch.__version__} "
-            f"({torch.get_num_threads()} threads), Python {platform.python_version()}; load average at start {load}")
+            f"({threads} threads), Python {platform.python_version()}; load average at start {load}")
 
 
 def main() -> None:

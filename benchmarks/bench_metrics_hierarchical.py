@@ -23,13 +23,13 @@ from __future__ import annotations
 import argparse
 import datetime
 import os
-import platform
 import resource
 import sys
 import time
 from pathlib import Path
 
 from bench_losses import fmt, run_worker
+from bench_metrics import machine
 
 DIM = 512
 IMAGES_PER_CLASS = 5.3
@@ -99,14 +99,6 @@ def worker(kind: str, n: int, threads: int, chunk: int) -> dict:
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     return {"time_s": seconds, "peak_mib": peak - base, "values": values, "chunk": used[0] if used else chunk,
             "threads": torch.get_num_threads()}
-
-
-def machine(threads: int) -> str:
-    import torch
-
-    load = ", ".join(f"{v:.1f}" for v in os.getloadavg())
-    return (f"{platform.processor() or platform.machine()}, {os.cpu_count()} CPU cores, torch {torch.__version__} "
-            f"({threads} threads), Python {platform.python_version()}; load average at start {load}")
 
 
 def main() -> None:

@@ -32,13 +32,16 @@ def small_tiles(monkeypatch):
     """Tiles of ``tile`` (positive ranges up to twice that), candidate buffers of ``capacity`` per thread,
     kernels on ``threads`` ranges."""
 
+    torch_threads = torch.get_num_threads()  # the pool sets torch's count on exit: put the real one back
+
     def use(tile: int = 8, capacity: int | None = None, threads: int = 3) -> None:
         monkeypatch.setattr(torch, "get_num_threads", lambda: threads)  # row and column ranges run in a pool
         monkeypatch.setattr(tiled, "TILE", tile)
         monkeypatch.setattr(tiled, "POSITIVE_RANGE", 2 * tile)
         monkeypatch.setattr(tiled, "tiled_search", functools.partial(SEARCH, candidate_capacity=capacity))
 
-    return use
+    yield use
+    torch.set_num_threads(torch_threads)
 
 
 def _case(seed: int, n: int, num_classes: int, ties: bool, dim: int = 3):
@@ -212,3 +215,37 @@ def test_evaluate_embeddings_method_flag(tmp_path, capsys):
         printed[method] = out.read_text()
     assert printed["tiled"] == printed["chunked"]
     capsys.readouterr()
+
+
+@pytest.mark.parametrize("seed", range(6))
+@pytest.mark.parametrize("separate", [False, True])
+def test_deep_lists_filled_above_a_selection_floor(seed, separate, small_tiles):
+    """Lists of 41 (``recall@40``, ``map@40``): a heap that is empty or only partly filled by a short
+    positive tile is filled from the scores above a floor drawn from chunk maxima, in one selection."""
+    small_tiles(128, threads=2)
+    names = ["recall@1", "recall@40", "precision@40", "map@40", "map@r", "map"]
+    ties = seed % 2 == 0
+    x, y = _case(seed, n=260, num_classes=40, ties=ties, dim=4)
+    xr, yr = _case(seed + 50, n=400, num_classes=60, ties=ties, dim=4) if separate else (None, None)
+    similarity = "dot" if ties else "cosine"
+    got, chunked = _both(x, y, xr, yr, names=names, similarity=similarity)
+    want, _ = reference.evaluate(x, y, xr, yr, names, similarity)
+    copies._assert_close(got.metrics, want)
+    assert got.metrics == pytest.approx(chunked.metrics, abs=1e-12)
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_quickselect_keeps_the_k_largest(seed):
+    """``_keep_best`` (with its ids) against a sort, on values with many ties."""
+    from rankopt.metrics import _tile_kernels
+
+    rng = np.random.default_rng(seed)
+    size = int(rng.integers(1, 300))
+    k = int(rng.integers(1, size + 1))
+    values = rng.integers(0, 1 + seed % 7, size=size).astype(np.float32) if seed % 2 else rng.normal(size=size).astype(np.float32)
+    ids = np.arange(size)
+    work_values, work_ids = values.copy(), ids.copy()
+    _tile_kernels._keep_best(work_values, work_ids, size, k)
+    np.testing.assert_array_equal(np.sort(work_values[:k]), np.sort(values)[size - k :])
+    np.testing.assert_array_equal(values[work_ids], work_values)  # ids moved with their values
+    np.testing.assert_array_equal(np.sort(work_ids), ids)

@@ -20,13 +20,14 @@ import numba as nb
 import numpy as np
 
 PROBE = 32  # scores checked together against the heaps' minima before any is inserted
+ROW_GROUP = 4  # rows whose column counts are added together
+FLOOR_MIN_K = 16  # below, an empty heap is filled by a plain scan (about k ln(n / k) insertions)
 
 
 @nb.njit(inline="always", nogil=True)
-def _heap_replace_min(heap_values, heap_ids, value, ref_id):  # pragma: no cover - compiled
-    """Replace the root of a min-heap of scores (``value`` > root) and sift it down."""
+def _sift_down(heap_values, heap_ids, pos, value, ref_id):  # pragma: no cover - compiled
+    """Put ``(value, ref_id)`` at ``pos`` of a min-heap of scores whose subtrees below ``pos`` are heaps."""
     size = heap_values.shape[0]
-    pos = 0
     while True:
         child = 2 * pos + 1
         if child >= size:
@@ -40,6 +41,39 @@ def _heap_replace_min(heap_values, heap_ids, value, ref_id):  # pragma: no cover
         pos = child
     heap_values[pos] = value
     heap_ids[pos] = ref_id
+
+
+@nb.njit(inline="always", nogil=True)
+def _heap_replace_min(heap_values, heap_ids, value, ref_id):  # pragma: no cover - compiled
+    """Replace the root of a min-heap of scores (``value`` > root) and sift it down."""
+    _sift_down(heap_values, heap_ids, 0, value, ref_id)
+
+
+@nb.njit(nogil=True)
+def _keep_best(values, ids, size, k):  # pragma: no cover - compiled
+    """Reorder ``values[:size]`` (``ids`` alongside) so that ``values[:k]`` are its ``k`` largest: a
+    quickselect with Hoare partitions around a median of three."""
+    lo, hi, target = 0, size - 1, k - 1
+    while lo < hi:
+        a, b, c = values[lo], values[(lo + hi) // 2], values[hi]
+        pivot = max(min(a, b), min(max(a, b), c))
+        i, j = lo, hi
+        while i <= j:
+            while values[i] > pivot:
+                i += 1
+            while values[j] < pivot:
+                j -= 1
+            if i <= j:
+                values[i], values[j] = values[j], values[i]
+                ids[i], ids[j] = ids[j], ids[i]
+                i += 1
+                j -= 1
+        if target <= j:  # [lo, j] >= pivot >= [i, hi], the pivot's value in between
+            hi = j
+        elif target >= i:
+            lo = i
+        else:
+            break
 
 
 @nb.njit(inline="always", nogil=True)
@@ -57,13 +91,11 @@ def _chunk_max(row, j0, j1):  # pragma: no cover - compiled
 
 
 @nb.njit(inline="always", nogil=True)
-def _scan_row(row, lo, hi, root, heap_values, heap_ids, base, excluded, floor):  # pragma: no cover - compiled
+def _scan_row(row, lo, hi, root, heap_values, heap_ids, base, excluded):  # pragma: no cover - compiled
     """Offer ``row[lo:hi]`` to a row's heap (minimum ``root``), skipping column ``excluded``; the new root.
 
-    Only scores above ``max(root, floor)`` are offered (``floor``: a lower bound of the row's ``K``-th
-    best score, see :func:`_selection_floor`). Scores are checked ``PROBE`` at a time against it (one
-    vectorised maximum) and looked at one by one only where that maximum exceeds it."""
-    root = max(root, floor)
+    Scores are checked ``PROBE`` at a time against the root (one vectorised maximum) and looked at
+    one by one only where that maximum exceeds it."""
     j0 = lo
     while j0 < hi:
         j1 = min(j0 + PROBE, hi)
@@ -72,42 +104,59 @@ def _scan_row(row, lo, hi, root, heap_values, heap_ids, base, excluded, floor): 
             for j in range(j0, j1):
                 if row[j] > root and j != excluded:
                     _heap_replace_min(heap_values, heap_ids, row[j], base + j)
-                    root = max(heap_values[0], floor)
+                    root = heap_values[0]
         j0 = j1
     return root
 
 
 @nb.njit(inline="always", nogil=True)
-def _count_above(row, lo, hi, threshold):  # pragma: no cover - compiled
-    c = 0
-    for j in range(lo, hi):
-        c += row[j] > threshold
-    return c
+def _chunk_maxima(row, lo, hi, width, maxima, m):  # pragma: no cover - compiled
+    """Append the maxima of ``row[lo:hi]``'s chunks of ``width`` to ``maxima`` (``m`` used); the new count."""
+    for j0 in range(lo, hi, width):
+        maxima[m] = _chunk_max(row, j0, min(j0 + width, hi))
+        m += 1
+    return m
 
 
-@nb.njit(nogil=True)
-def _selection_floor(row, skip_lo, skip_hi, k):  # pragma: no cover - compiled
+@nb.njit(inline="always", nogil=True)
+def _selection_floor(row, skip_lo, skip_hi, k, maxima, scratch):  # pragma: no cover - compiled
     """A score ``f`` with at least ``k + 1`` scores of ``row`` (outside ``[skip_lo, skip_hi)``) above it,
-    hence below the row's ``k``-th best even without an excluded column, with at most about ``2 k``
-    above it: a bisection on the value range. Filling an empty heap with only the scores above ``f``
-    spares the ``k ln(n / k)`` replacements of a plain scan."""
-    low = np.inf
-    high = -np.inf
-    for j in range(skip_lo):
-        low, high = min(low, row[j]), max(high, row[j])
-    for j in range(skip_hi, row.shape[0]):
-        low, high = min(low, row[j]), max(high, row[j])
-    floor = np.nextafter(low, -np.inf)  # every score lies above it
-    for _ in range(24):
-        mid = floor + (high - floor) / 2
-        above = _count_above(row, 0, skip_lo, mid) + _count_above(row, skip_hi, row.shape[0], mid)
-        if above >= k + 1:
-            floor = mid
-            if above <= 2 * k:
-                break
-        else:
-            high = mid
-    return floor
+    hence below the row's ``k``-th best even without an excluded column; ``-inf`` for a short row.
+    ``f`` lies just below the ``(k + 1)``-th largest maximum of chunks of up to ``PROBE`` scores (distinct
+    chunks: ``k + 1`` scores), so that a few ``k`` scores lie above it. Not worth it for a small ``k``."""
+    width = min(PROBE, (row.shape[0] - (skip_hi - skip_lo)) // (k + 1))
+    if width < 2 or k < FLOOR_MIN_K:
+        return -np.inf
+    m = _chunk_maxima(row, 0, skip_lo, width, maxima, 0)
+    m = _chunk_maxima(row, skip_hi, row.shape[0], width, maxima, m)
+    _keep_best(maxima, scratch, m, k + 1)
+    return np.nextafter(maxima[: k + 1].min(), -np.inf)
+
+
+@nb.njit(inline="always", nogil=True)
+def _fill_from_floor(row, lo, hi, floor, excluded, base, pool_values, pool_ids, m):  # pragma: no cover - compiled
+    """Append the scores of ``row[lo:hi]`` above ``floor`` (column ``excluded`` left out) to the pool; the new count."""
+    for j in range(lo, hi):  # written always, kept when above: no branch to mispredict
+        pool_values[m] = row[j]
+        pool_ids[m] = base + j
+        m += (row[j] > floor) & (j != excluded)
+    return m
+
+
+@nb.njit(inline="always", nogil=True)
+def _refill(heap_values, heap_ids, pool_values, pool_ids, m):  # pragma: no cover - compiled
+    """The heap becomes the ``K`` best of its own entries and the ``m >= K`` pooled scores (quickselect, heapify)."""
+    k = heap_values.shape[0]
+    for s in range(k):
+        if heap_values[s] > -np.inf:  # -inf: an empty slot
+            pool_values[m] = heap_values[s]
+            pool_ids[m] = heap_ids[s]
+            m += 1
+    _keep_best(pool_values, pool_ids, m, k)
+    heap_values[:] = pool_values[:k]
+    heap_ids[:] = pool_ids[:k]
+    for pos in range(k // 2 - 1, -1, -1):
+        _sift_down(heap_values, heap_ids, pos, heap_values[pos], heap_ids[pos])
 
 
 @nb.njit(inline="always", nogil=True)
@@ -134,16 +183,23 @@ def rows_pass(scores, lo, hi, col_base, heap_values, heap_ids, thresholds, npos,
     """
     n = scores.shape[1]
     k = heap_values.shape[1]
+    maxima = np.empty(n, dtype=scores.dtype)
+    scratch = np.empty(n, dtype=np.int64)
+    pool_values = np.empty(n + k, dtype=scores.dtype)
+    pool_ids = np.empty(n + k, dtype=heap_ids.dtype)
     for i in range(lo, hi):
         row = scores[i]
         excluded = own[i]
         label = row_labels[i]
         if k > 0:
-            floor = -np.inf
-            if heap_values[i, 0] == -np.inf and n - (skip_hi - skip_lo) >= 4 * k:  # an empty heap, a long row
-                floor = _selection_floor(row, skip_lo, skip_hi, k)
-            root = _scan_row(row, 0, skip_lo, heap_values[i, 0], heap_values[i], heap_ids[i], col_base, excluded, floor)
-            _scan_row(row, skip_hi, n, root, heap_values[i], heap_ids[i], col_base, excluded, floor)
+            floor = _selection_floor(row, skip_lo, skip_hi, k, maxima, scratch) if heap_values[i, 0] == -np.inf else -np.inf
+            if floor > -np.inf:  # a heap not yet full, a long row: the scores above the floor, selected at once
+                m = _fill_from_floor(row, 0, skip_lo, floor, excluded, col_base, pool_values, pool_ids, 0)
+                m = _fill_from_floor(row, skip_hi, n, floor, excluded, col_base, pool_values, pool_ids, m)
+                _refill(heap_values[i], heap_ids[i], pool_values, pool_ids, m)
+            else:
+                root = _scan_row(row, 0, skip_lo, heap_values[i, 0], heap_values[i], heap_ids[i], col_base, excluded)
+                _scan_row(row, skip_hi, n, root, heap_values[i], heap_ids[i], col_base, excluded)
         for p in range(npos[i]):
             t = thresholds[i, p]
             c = _count_at_least(row, 0, skip_lo, t, col_labels, label, check_labels)
@@ -170,13 +226,13 @@ def column_floors(col_heap_values, num_columns):  # pragma: no cover - compiled
 
 @nb.njit(nogil=True, cache=True)
 def pair_pass(scores, lo, hi, col_base, row_heap_values, row_heap_ids, row_thresholds, row_npos, row_counts,
-              col_roots, floors, col_thresholds_t, column_acc, candidates, candidate_ids):  # pragma: no cover - compiled
+              col_roots, floors, col_thresholds_t, column_acc, candidates, candidate_rows, candidate_cols):  # pragma: no cover - compiled
     """Serve the rows ``[lo, hi)`` of an off-diagonal tile of a symmetric product, and the columns for those rows.
 
     Rows as :func:`rows_pass` (every pair is a negative). Columns: ``column_acc[p, j] += #{i : s_ij >=
     col_thresholds_t[p, j]}`` (padding ``+inf``); a score above its column's heap minimum as the tile
     began (``col_roots``; ``floors`` from :func:`column_floors`) is written to ``candidates`` /
-    ``candidate_ids`` (``i * n + j``) for :func:`merge_column_candidates`. Returns the number of
+    ``candidate_rows`` / ``candidate_cols`` for :func:`merge_column_candidates`. Returns the number of
     candidates found (more than the buffers hold: none may then be merged).
     """
     n = scores.shape[1]
@@ -185,47 +241,56 @@ def pair_pass(scores, lo, hi, col_base, row_heap_values, row_heap_ids, row_thres
     num_thresholds = col_thresholds_t.shape[0]
     num_chunks = floors.shape[0]
     found = 0
-    for i in range(lo, hi):
-        row = scores[i]
-        root = row_heap_values[i, 0] if k > 0 else np.inf
-        for q in range(num_chunks):
-            j0 = q * PROBE
-            j1 = min(n, j0 + PROBE)
-            best = _chunk_max(row, j0, j1)
-            if best > root:
-                for j in range(j0, j1):
-                    if row[j] > root:
-                        _heap_replace_min(row_heap_values[i], row_heap_ids[i], row[j], col_base + j)
-                        root = row_heap_values[i, 0]
-            if best > floors[q]:
-                for j in range(j0, j1):
-                    if row[j] > col_roots[j]:
-                        if found < capacity:
-                            candidates[found] = row[j]
-                            candidate_ids[found] = i * n + j
-                        found += 1
-        for p in range(row_npos[i]):
-            t = row_thresholds[i, p]
-            c = 0
-            for j in range(n):
-                c += row[j] >= t
-            row_counts[i, p] += c
+    for i0 in range(lo, hi, ROW_GROUP):
+        i1 = min(i0 + ROW_GROUP, hi)
+        for i in range(i0, i1):
+            row = scores[i]
+            root = row_heap_values[i, 0] if k > 0 else np.inf
+            for q in range(num_chunks):
+                j0 = q * PROBE
+                j1 = min(n, j0 + PROBE)
+                best = _chunk_max(row, j0, j1)
+                if best > root:
+                    for j in range(j0, j1):
+                        if row[j] > root:
+                            _heap_replace_min(row_heap_values[i], row_heap_ids[i], row[j], col_base + j)
+                            root = row_heap_values[i, 0]
+                if best > floors[q]:
+                    for j in range(j0, j1):
+                        if row[j] > col_roots[j]:
+                            if found < capacity:
+                                candidates[found] = row[j]
+                                candidate_rows[found] = i
+                                candidate_cols[found] = j
+                            found += 1
+            for p in range(row_npos[i]):
+                t = row_thresholds[i, p]
+                c = 0
+                for j in range(n):
+                    c += row[j] >= t
+                row_counts[i, p] += c
         for p in range(num_thresholds):
-            a = column_acc[p]
-            t = col_thresholds_t[p]
-            for j in range(n):
-                a[j] += row[j] >= t[j]
+            a, t = column_acc[p], col_thresholds_t[p]
+            if i1 - i0 == ROW_GROUP:  # four rows at once: one load and store of the counts per column
+                r0, r1, r2, r3 = scores[i0], scores[i0 + 1], scores[i0 + 2], scores[i0 + 3]
+                for j in range(n):
+                    a[j] += (r0[j] >= t[j]) + (r1[j] >= t[j]) + (r2[j] >= t[j]) + (r3[j] >= t[j])
+            else:
+                for i in range(i0, i1):
+                    row = scores[i]
+                    for j in range(n):
+                        a[j] += row[j] >= t[j]
     return found
 
 
 @nb.njit(nogil=True, cache=True)
-def merge_column_candidates(heap_values, heap_ids, candidates, candidate_ids, num_candidates, n, row_base, lo,
-                            hi):  # pragma: no cover - compiled
+def merge_column_candidates(heap_values, heap_ids, candidates, candidate_rows, candidate_cols, num_candidates, row_base,
+                            lo, hi):  # pragma: no cover - compiled
     """Offer :func:`pair_pass`'s candidates of the columns ``[lo, hi)`` to their heaps."""
     for c in range(num_candidates):
-        j = candidate_ids[c] % n
+        j = candidate_cols[c]
         if lo <= j < hi and candidates[c] > heap_values[j, 0]:
-            _heap_replace_min(heap_values[j], heap_ids[j], candidates[c], row_base + candidate_ids[c] // n)
+            _heap_replace_min(heap_values[j], heap_ids[j], candidates[c], row_base + candidate_rows[c])
 
 
 @nb.njit(nogil=True, cache=True)

@@ -27,27 +27,37 @@ def topk_metrics(
 ) -> dict[str, torch.Tensor]:
     """Top-k metrics from ranked lists.
 
-    ``ranks``: ``(Q, K)`` pessimistic ranks of the list items (see ``list_ranks``);
+    ``ranks``: ``(Q, K)`` pessimistic ranks of the list items (see ``list_ranks``: non-decreasing
+    along a list, so the items with ``rank <= k`` are a prefix of it, found by a binary search);
     ``positive``: ``(Q, K)`` bool; ``num_pos``: ``(Q,)`` ``R``; ``requests``: ``(name, family, k)``
     with ``k`` ignored for ``map@r``. The lists must reach one item beyond the deepest cut-off.
+    Each metric is a prefix sum read at the prefix's end: positives for hits, ``rank+/rank`` over the
+    positives for the mAPs.
     """
-    num_pos = num_pos.to(torch.float64)
     has_pos = num_pos > 0
-    precision = cumulative_at_ranks(positive, ranks).to(torch.float64) / ranks.to(torch.float64)
+    num_pos = num_pos.to(torch.float64)
+    hits_up_to = positive.to(torch.int64).cumsum(dim=1)
+    if any(family in ("map@r", "map@k") for _, family, _ in requests):
+        precision = hits_up_to.gather(1, (ranks - 1).clamp(max=ranks.shape[1] - 1)).to(torch.float64) / ranks.to(torch.float64)
+        precision_up_to = torch.where(positive, precision, 0.0).cumsum(dim=1)
     out = {}
     for name, family, k in requests:
-        cut = num_pos.unsqueeze(1) if family == "map@r" else k
-        hits = positive & (ranks <= cut)
-        num_hits = hits.sum(dim=1).to(torch.float64)
+        cut = num_pos.to(torch.int64).unsqueeze(1) if family == "map@r" else torch.full_like(ranks[:, :1], k)
+        length = torch.searchsorted(ranks, cut, right=True)  # (Q, 1) items with rank <= cut
+        end = (length - 1).clamp(min=0)
+
+        def at_end(prefix: torch.Tensor) -> torch.Tensor:
+            return torch.where(length > 0, prefix.gather(1, end), 0).squeeze(1).to(torch.float64)
+
         if family == "recall":
-            value = (num_hits > 0).to(torch.float64)
+            value = (at_end(hits_up_to) > 0).to(torch.float64)
         elif family == "precision":
-            value = num_hits / k
+            value = at_end(hits_up_to) / k
         elif family == "true_recall":
-            value = num_hits / num_pos.clamp(max=k)
+            value = at_end(hits_up_to) / num_pos.clamp(max=k)
         else:
             denom = num_pos if family == "map@r" else num_pos.clamp(max=k)
-            value = (precision * hits).sum(dim=1) / denom
+            value = at_end(precision_up_to) / denom
         out[name] = torch.where(has_pos, value, torch.nan)
     return out
 

@@ -25,11 +25,10 @@ def is_tie_end(values: torch.Tensor) -> torch.Tensor:
 
 
 def tie_ends(values: torch.Tensor) -> torch.Tensor:
-    """``(Q, K)`` int64: for rows sorted in decreasing order, the last position tied with each position."""
-    num = values.shape[1]
-    pos = torch.arange(num, device=values.device).expand_as(values)
-    ends = torch.where(is_tie_end(values), pos, num)
-    return ends.flip(1).cummin(dim=1).values.flip(1)
+    """``(Q, K)`` int64: for rows sorted in decreasing order, the last position tied with each position
+    (``#{k : s_k >= s_j} - 1``, a binary search in the negated, increasing row)."""
+    negated = values.neg()
+    return torch.searchsorted(negated, negated, right=True) - 1
 
 
 def tie_starts(values: torch.Tensor) -> torch.Tensor:

@@ -29,7 +29,7 @@ import torch
 
 from rankopt.similarity import pairwise, prepare
 
-TILE = 4096  # rows and columns of a tile
+TILE = 2048  # rows and columns of a tile (16 MiB of float32 scores: the product stays in the cache for its kernel)
 POSITIVE_RANGE = 8192  # most references in one query block's positive tile (separate gallery)
 
 
@@ -120,8 +120,9 @@ def tiled_search(
     excluded from each query's retrieval set (``-1``: none; self-retrieval: ``arange(Q)``).
     Positives of a query: the references of its finest label, ``own`` excluded.
     ``count_positives=False`` skips the ranks (``P = 0``). ``candidate_capacity``: room for column
-    candidates per thread of :class:`_PairPass` (default: a sixteenth of a tile, at least 65,536; tests make it tiny
-    to exercise the fallback).
+    candidates per thread of :class:`_PairPass` (default: an eighth of a tile, at least 65,536; tests make it tiny
+    to exercise the fallback). Runs on ``torch.get_num_threads()`` threads; while it runs, torch itself is set
+    to one thread (each pool thread computes its own rows of every product) and restored on return.
     """
     from rankopt.metrics import _tile_kernels as kernels  # noqa: PLC0415 - numba, imported on first use
 
@@ -151,37 +152,50 @@ def tiled_search(
     cols_max = max([tile, rows_max] + [r_hi - r_lo for _, _, r_lo, r_hi in blocks])
     buffer = torch.empty(rows_max * cols_max, dtype=x_query.dtype)
 
-    def scores(rows: slice, cols: slice) -> torch.Tensor:
-        a, b = x_query[rows], x_ref[cols]
-        return pairwise(a, b, similarity, prepared=True, out=buffer[: a.shape[0] * b.shape[0]].view(a.shape[0], b.shape[0]))
+    def tile_of(rows: slice, cols: slice) -> torch.Tensor:
+        return buffer[: (rows.stop - rows.start) * (cols.stop - cols.start)].view(rows.stop - rows.start, cols.stop - cols.start)
+
+    def product(tile: torch.Tensor, rows: slice, cols: slice, lo: int, hi: int) -> np.ndarray:
+        """Rows ``[lo, hi)`` of the tile's scores, computed by the calling pool thread; the whole tile."""
+        pairwise(x_query[rows][lo:hi], x_ref[cols], similarity, prepared=True, out=tile[lo:hi])
+        return tile.numpy()
 
     def own_in(rows: slice, col_lo: int, num_cols: int) -> np.ndarray:
         local = own_sorted[rows] - col_lo
         return torch.where((local >= 0) & (local < num_cols), local, -1).numpy()
 
-    def serve_rows(tile_scores: torch.Tensor, rows: slice, col_lo: int, skip: tuple[int, int], check_labels: bool) -> None:
-        n = tile_scores.shape[1]
-        args = (col_lo, *state.numpy(rows), own_in(rows, col_lo, n), *skip, q_labels[rows].numpy(),
-                r_labels[col_lo : col_lo + n].numpy(), check_labels)
-        pool.run(lambda _, lo, hi: kernels.rows_pass(tile_scores.numpy(), lo, hi, *args), tile_scores.shape[0])
+    def serve_rows(rows: slice, cols: slice, skip: tuple[int, int], check_labels: bool, computed: torch.Tensor | None = None) -> None:
+        """The tile's rows (their scores computed first by the same thread unless ``computed``)."""
+        tile = tile_of(rows, cols) if computed is None else computed
+        n = tile.shape[1]
+        args = (cols.start, *state.numpy(rows), own_in(rows, cols.start, n), *skip, q_labels[rows].numpy(),
+                r_labels[cols].numpy(), check_labels)
+
+        def job(_: int, lo: int, hi: int) -> None:
+            scores = tile.numpy() if computed is not None else product(tile, rows, cols, lo, hi)
+            kernels.rows_pass(scores, lo, hi, *args)
+
+        pool.run(job, tile.shape[0])
 
     with _Pool(torch.get_num_threads()) as pool:
         for q_lo, q_hi, r_lo, r_hi in blocks:  # positive tiles: thresholds, then the tile's counts
             if r_hi == r_lo:
                 continue
-            rows = slice(q_lo, q_hi)
-            tile_scores = scores(rows, slice(r_lo, r_hi))
+            rows, cols = slice(q_lo, q_hi), slice(r_lo, r_hi)
+            positive = tile_of(rows, cols)
+            pool.run(lambda _, lo, hi: product(positive, rows, cols, lo, hi), q_hi - q_lo)
             if width:
-                _read_thresholds(state, rows, tile_scores, ref_starts[class_of_query[rows]] - r_lo,
+                _read_thresholds(state, rows, positive, ref_starts[class_of_query[rows]] - r_lo,
                                  ref_counts[class_of_query[rows]], own_sorted[rows] - r_lo)
-            serve_rows(tile_scores, rows, r_lo, (r_hi - r_lo, r_hi - r_lo), True)
+            serve_rows(rows, cols, (r_hi - r_lo, r_hi - r_lo), True, computed=positive)
         if self_retrieval:
             pairs = _PairPass(state, pool, rows_max, candidate_capacity)
             for a, (a_lo, a_hi, _, _) in enumerate(blocks):  # off-diagonal tiles serve their rows and their columns
                 rows = slice(a_lo, a_hi)
                 for b_lo, b_hi, _, _ in blocks[a + 1 :]:
                     cols = slice(b_lo, b_hi)
-                    pairs.serve(scores(rows, cols).numpy(), rows, cols)
+                    pair = tile_of(rows, cols)
+                    pairs.serve(pair.numpy(), rows, cols, lambda lo, hi, pair=pair, rows=rows, cols=cols: product(pair, rows, cols, lo, hi))
         else:
             for q_lo, q_hi, r_lo, r_hi in blocks:  # every reference tile outside the block's positive range
                 rows = slice(q_lo, q_hi)
@@ -190,16 +204,22 @@ def tiled_search(
                     skip_lo, skip_hi = min(max(r_lo - c_lo, 0), n), min(max(r_hi - c_lo, 0), n)
                     if skip_lo == 0 and skip_hi == n:
                         continue
-                    serve_rows(scores(rows, slice(c_lo, c_lo + n)), rows, c_lo, (skip_lo, skip_hi) if skip_lo < skip_hi else (n, n), False)
+                    serve_rows(rows, slice(c_lo, c_lo + n), (skip_lo, skip_hi) if skip_lo < skip_hi else (n, n), False)
     return _result(state, q_order, r_order, own_sorted, own, width)
 
 
 class _Pool:
-    """Runs a serial, GIL-releasing kernel on ``threads`` contiguous ranges at once."""
+    """Runs a serial, GIL-releasing kernel on ``threads`` contiguous ranges at once.
+
+    Inside the pool torch runs single-threaded (restored on exit): each thread computes its own rows
+    of a tile's product, then serves them. torch's OpenMP threads, left waiting after a product of
+    their own, would spin for milliseconds against the kernels (measured: a third of the kernels'
+    time at 1M x 10k x 128-d).
+    """
 
     def __init__(self, threads: int) -> None:
         self.threads = max(1, threads)
-        self.executor = ThreadPoolExecutor(self.threads) if self.threads > 1 else None
+        self.executor = ThreadPoolExecutor(self.threads, initializer=torch.set_num_threads, initargs=(1,)) if self.threads > 1 else None
 
     def ranges(self, total: int) -> list[tuple[int, int]]:
         step = -(-total // self.threads)
@@ -213,11 +233,14 @@ class _Pool:
         return list(self.executor.map(lambda job: kernel(*job), jobs))
 
     def __enter__(self) -> _Pool:
+        self.torch_threads = torch.get_num_threads()
+        torch.set_num_threads(1)
         return self
 
     def __exit__(self, *exc: object) -> None:
         if self.executor is not None:
             self.executor.shutdown()
+        torch.set_num_threads(self.torch_threads)
 
 
 class _PairPass:
@@ -229,14 +252,16 @@ class _PairPass:
     def __init__(self, state: _State, pool: _Pool, tile: int, capacity: int | None) -> None:
         self.state, self.pool = state, pool
         tasks = pool.threads
-        self.capacity = capacity if capacity is not None else max(2**16, tile * tile // (16 * tasks))
+        self.capacity = capacity if capacity is not None else max(2**16, tile * tile // (8 * tasks))
         dtype = state.heap_values.numpy().dtype
         self.candidates = np.empty((tasks, self.capacity), dtype=dtype)
-        self.candidate_ids = np.empty((tasks, self.capacity), dtype=np.int64)
+        self.candidate_rows = np.empty((tasks, self.capacity), dtype=np.int32)  # tile coordinates
+        self.candidate_cols = np.empty((tasks, self.capacity), dtype=np.int32)
         self.column_acc = np.empty((tasks, state.counts.shape[1] * tile), dtype=np.int32)  # (P, n) per thread
         self.overflows = 0
 
-    def serve(self, scores: np.ndarray, rows: slice, cols: slice) -> None:
+    def serve(self, scores: np.ndarray, rows: slice, cols: slice, product: Callable[[int, int], object]) -> None:
+        """The tile ``scores`` of ``rows x cols``; ``product(lo, hi)`` computes its rows ``[lo, hi)``."""
         from rankopt.metrics import _tile_kernels as kernels  # noqa: PLC0415
 
         s, n = self.state, scores.shape[1]
@@ -249,16 +274,17 @@ class _PairPass:
         row_state = s.numpy(rows)
 
         def rows_and_columns(t: int, lo: int, hi: int) -> int:
+            product(lo, hi)
             return kernels.pair_pass(scores, lo, hi, cols.start, *row_state, roots, floors, thresholds_t, acc[t],
-                                     self.candidates[t], self.candidate_ids[t])
+                                     self.candidates[t], self.candidate_rows[t], self.candidate_cols[t])
 
         found = dict(enumerate(self.pool.run(rows_and_columns, scores.shape[0])))
         s.counts[cols, :p] += torch.from_numpy(acc.sum(axis=0, dtype=np.int64).T)
         if all(f <= self.capacity for f in found.values()):
             def merge(_: int, lo: int, hi: int) -> None:
                 for t, f in found.items():
-                    kernels.merge_column_candidates(heap_values, heap_ids, self.candidates[t], self.candidate_ids[t], f, n,
-                                                    rows.start, lo, hi)
+                    kernels.merge_column_candidates(heap_values, heap_ids, self.candidates[t], self.candidate_rows[t],
+                                                    self.candidate_cols[t], f, rows.start, lo, hi)
         else:
             self.overflows += 1
 

@@ -102,6 +102,20 @@ def test_constant_image_is_normalised():
     assert torch.allclose(out[:, 10, 10], expected, atol=1e-4)
 
 
+def test_face_presets_follow_their_weights_input_conventions():
+    """SENet-50 (VGGFace2 release): BGR, 0-255 minus the mean face; IResNet (ArcFace): (x - 0.5) / 0.5, RGB."""
+    from rankopt.data.transforms import VGGFACE2_MEAN_BGR
+
+    rgb = (255, 0, 128)
+    out = build_transform("vggface2_test")(Image.new("RGB", (300, 250), rgb))
+    assert out.shape == (3, 224, 224)
+    expected = torch.tensor([rgb[2], rgb[1], rgb[0]], dtype=torch.float32) - torch.tensor(VGGFACE2_MEAN_BGR)
+    assert torch.allclose(out[:, 100, 100], expected, atol=1e-3)
+    out = build_transform("arcface_test")(Image.new("RGB", (112, 112), rgb))
+    assert out.shape == (3, 112, 112)
+    assert torch.allclose(out[:, 50, 50], (torch.tensor(rgb) / 255 - 0.5) / 0.5, atol=1e-5)
+
+
 def test_unknown_preset():
     with pytest.raises(KeyError, match="unknown transform preset"):
         build_transform("randaugment")

@@ -278,3 +278,31 @@ def test_quick_operating_region_study_on_omniglot(omniglot, tmp_path):
     assert report["loss"]["name"] == "smooth_ap" and report["steps"] == 8
     assert "left out" in result.table_md_path.read_text()
     assert result.figure_paths[0].stat().st_size > 0
+
+
+@pytest.mark.parametrize(("name", "key", "values", "runs"), [
+    ("smooth_ap_tau", "loss.kwargs.tau", [0.1, 0.001], ["tau0.1-s0", "tau0.001-s0"]),
+    ("smooth_ap_positives", "train.m", [4, 16], ["m4-s0", "m16-s0"]),
+    ("smooth_ap_batch", "train.batch_size", [64, 256], ["bs64-s0", "bs256-s0"]),
+])
+def test_smooth_ap_ablation_varies_one_parameter_at_a_time(name, key, values, runs, tmp_path, monkeypatch):
+    """Smooth-AP Table 5: the swept key takes each value, the two others stay at tau 0.01, |P| 4, B 128."""
+    trained = []
+
+    def train(self, specs):
+        trained.extend(specs)
+        return [fake_run(self.runs_dir / spec.name, {"map@r": 0.1, "recall@1": 0.2}, loss="smooth_ap") for spec in specs]
+
+    monkeypatch.setattr(Settings, "train", train)
+    result = run_study(name, out_dir=tmp_path, seeds=[0], values=values)
+    assert [spec.name for spec in trained] == runs
+    table5 = {"loss.kwargs.tau": "0.01", "train.m": "4", "train.batch_size": "128"}
+    for spec, value in zip(trained, values):
+        settings = dict(o.split("=", 1) for o in spec.overrides)
+        assert settings["loss.name"] == "smooth_ap"
+        assert float(settings[key]) == value
+        assert {k: settings[k] for k in table5 if k != key} == {k: v for k, v in table5.items() if k != key}
+    if key != "loss.kwargs.tau":  # ints, as the config expects them
+        assert all(dict(o.split("=", 1) for o in spec.overrides)[key].isdigit() for spec in trained)
+    rows = read_csv(result.csv_path)
+    assert len(rows) == 2 and float(rows[0]["map@r mean"]) == pytest.approx(0.1)

@@ -7,7 +7,8 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-STUDY_NAMES = ("batch_size", "lambda", "rho", "decomposability_gap", "approximation_error", "operating_region")
+STUDY_NAMES = ("batch_size", "lambda", "rho", "decomposability_gap", "approximation_error", "operating_region",
+               "smooth_ap_tau", "smooth_ap_positives", "smooth_ap_batch")
 
 
 def register(subparsers: Any) -> None:
@@ -15,7 +16,7 @@ def register(subparsers: Any) -> None:
         "study", help="run one of the papers' studies (resumable): a table and a figure",
         description="Train the runs a study needs (one `rankopt train` per run; finished runs are skipped, "
                     "interrupted ones resumed), measure, and write OUT/study.md (table, command, machine, date, "
-                    "wall time), OUT/study.csv and OUT/*.png. The sweeps (batch_size, lambda, rho) evaluate on a "
+                    "wall time), OUT/study.csv and OUT/*.png. The sweeps (batch_size, lambda, rho, smooth_ap_*) evaluate on a "
                     "validation split carved from the training classes unless --eval-split test.")
     parser.add_argument("name", choices=STUDY_NAMES, help="the study")
     parser.add_argument("--recipe", default="omniglot", help="recipe of every run (default: omniglot)")
@@ -29,7 +30,7 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--eval-split", choices=("validation", "test"), default="validation",
                         help="split the sweeps report (default: validation)")
     parser.add_argument("--values", nargs="+", type=float, metavar="V",
-                        help="the swept values instead of the study's defaults (λ, ρ or batch sizes)")
+                        help="the swept values instead of the study's defaults (λ, ρ, τ, |P| or batch sizes)")
     parser.add_argument("--from-run", metavar="RUN", help="operating_region: measure this trained run folder")
     parser.set_defaults(func=run)
 

@@ -10,6 +10,16 @@ two splits are ``(query, gallery)``; when the gallery contains the queries
 index. A query split carrying revisitop ground truth (``dataset.metadata["ground_truth"]``:
 Revisited Oxford/Paris) is scored with the Easy/Medium/Hard protocol of
 ``rankopt.metrics.landmarks`` (keys ``medium/map``, ...).
+
+Face protocol (IJB-C, Smooth-AP §5.1 and §6.3): a self-retrieval split whose metadata has
+``media`` (``(N,)`` the media id of each item; a video's frames share one) is scored on media
+instances, each the mean of its items' embeddings (``rankopt.metrics.verification.group_mean``,
+after whitening, before DBA/αQE), every instance a query over all the others; a media's items must
+share their labels. The means are not normalised here: cosine scoring normalises them
+(``rankopt.similarity.prepare``). With ``templates`` (``(M, 2)`` rows ``(template_id, item_index)``)
+and ``template_pairs`` (``(P, 3)`` rows ``(template1, template2, label)``) too, the 1:1 verification
+TARs (``tar@far=1e-06`` ... ``tar@far=1e-01``, ``rankopt.metrics.verification.verification_metrics``
+on the whitened item embeddings) join the retrieval metrics.
 """
 
 from __future__ import annotations
@@ -143,13 +153,38 @@ def query_ref_index(query_paths: Sequence[str], gallery_paths: Sequence[str]) ->
     return torch.tensor(index, dtype=torch.long)
 
 
+def _media_instances(split: EmbeddedSplit, embeddings: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(means (G, D), labels (G, L))``: ``embeddings`` (the split's, possibly whitened) averaged over
+    each media of ``split.metadata["media"]``, media in increasing id order; a media whose items
+    have different labels raises ``ValueError`` naming it and two of its items."""
+    from rankopt.checks import check_labels
+    from rankopt.metrics.verification import group_mean
+
+    media = torch.as_tensor(np.asarray(split.metadata["media"]))
+    means, media_ids = group_mean(embeddings, media)  # checks media: (N,) integer ids
+    item_labels = check_labels(split.labels, embeddings.shape[0], "labels")
+    group = torch.searchsorted(media_ids, media.long())
+    first = torch.full((media_ids.numel(),), group.numel()).scatter_reduce(0, group, torch.arange(group.numel()), "amin")
+    labels = item_labels[first]
+    mixed = (item_labels != labels[group]).any(dim=1).nonzero().flatten()
+    if mixed.numel():
+        i = int(mixed[0])
+        j = int(first[group[i]])
+        raise ValueError(f"metadata['media']: media {int(media[i])} mixes labels: item {j} ({split.paths[j]}) has "
+                         f"{item_labels[j].tolist()}, item {i} ({split.paths[i]}) has {item_labels[i].tolist()}; "
+                         "a media (a video's frames) shows one subject")
+    return means, labels
+
+
 def score(splits: Sequence[EmbeddedSplit], cfg: EvalConfig, *, device: torch.device | str | None = None,
           metrics: Sequence[str] | None = None, show_progress: bool = False,
           postprocessing: PostProcessing | None = None) -> Any:
     """``rankopt.metrics.evaluate`` on one split (self-retrieval) or two (query, gallery);
     the revisitop protocol (all its metrics) when the query split has landmark ground truth.
     When the query split's metadata has ``gallery_contains_queries``, each query's copy in the
-    gallery (:func:`query_ref_index`) is excluded from its results.
+    gallery (:func:`query_ref_index`) is excluded from its results. A self-retrieval split with
+    ``media`` metadata is scored on media instances, plus the verification TARs when it has
+    ``templates`` and ``template_pairs`` (the face protocol, module docstring).
 
     ``postprocessing`` (``rankopt.postprocess``): whitening, then DBA of the gallery and αQE of
     the queries, applied to the embeddings before scoring. With DBA/αQE a self-retrieval split is
@@ -162,15 +197,19 @@ def score(splits: Sequence[EmbeddedSplit], cfg: EvalConfig, *, device: torch.dev
         raise ValueError(f"evaluation needs 1 split (self-retrieval) or 2 (query, gallery), got {len(splits)}")
     query = splits[0]
     ref = splits[1] if len(splits) == 2 else None
+    if ref is not None and any("media" in split.metadata for split in splits):
+        raise ValueError("media averaging (metadata['media']) serves self-retrieval only: score one split, not a query and a gallery")
     own = None
     if ref is not None and query.metadata.get("gallery_contains_queries"):
         own = query_ref_index(query.paths, ref.paths)
     post = postprocessing or PostProcessing()
-    query_emb, ref_emb = post.expand(post.whiten(query.embeddings), None if ref is None else post.whiten(ref.embeddings),
+    items = post.whiten(query.embeddings)
+    query_emb, query_labels = _media_instances(query, items) if "media" in query.metadata else (items, query.labels)
+    query_emb, ref_emb = post.expand(query_emb, None if ref is None else post.whiten(ref.embeddings),
                                      exclude=own, similarity=cfg.similarity, chunk_size=cfg.chunk_size)
     ref_labels = None if ref is None else ref.labels
     if ref is None and ref_emb is not None:  # self-retrieval against the augmented gallery
-        own, ref_labels = torch.arange(query_emb.shape[0]), query.labels
+        own, ref_labels = torch.arange(query_emb.shape[0]), query_labels
     ground_truth = query.metadata.get("ground_truth")
     if ground_truth is not None and ref is not None:
         from rankopt.metrics.landmarks import revisited_map
@@ -179,9 +218,15 @@ def score(splits: Sequence[EmbeddedSplit], cfg: EvalConfig, *, device: torch.dev
         values = revisited_map(pairwise(query_emb, ref_emb, cfg.similarity), ground_truth)
         without = int(values.get("medium/num_queries_without_positive", 0))
         return EvaluationResult({k: v for k, v in values.items() if "num_queries" not in k}, len(ground_truth), without)
-    return evaluate(query_emb, query.labels, ref_emb, ref_labels,
-                    metrics=list(metrics or cfg.metrics), similarity=cfg.similarity,
-                    chunk_size=cfg.chunk_size, device=device, progress=show_progress, query_ref_index=own)
+    result = evaluate(query_emb, query_labels, ref_emb, ref_labels,
+                      metrics=list(metrics or cfg.metrics), similarity=cfg.similarity,
+                      chunk_size=cfg.chunk_size, device=device, progress=show_progress, query_ref_index=own)
+    if "media" in query.metadata and "templates" in query.metadata and "template_pairs" in query.metadata:
+        from rankopt.metrics.verification import verification_metrics
+
+        result.metrics |= verification_metrics(items, query.metadata["media"], query.metadata["templates"],
+                                               query.metadata["template_pairs"], similarity=cfg.similarity)
+    return result
 
 
 def evaluate_model(model: torch.nn.Module, datasets: Mapping[str, Dataset], cfg: EvalConfig, *,

@@ -8,7 +8,11 @@ the machine, the date, the wall time), ``OUT/study.csv`` and ``OUT/*.png``; the 
 * ``rho``: the slope ρ of SupRank's H⁻ above δ (ROADMAP Fig. 4b, Eq. 4);
 * ``decomposability_gap``: DG_AP on the test set at several B, SupAP vs ROADMAP (ROADMAP Eq. 6, Table 10);
 * ``approximation_error``: |surrogate AP - true AP| on the training batches during training (Smooth-AP Eq. 8, Fig. 4);
-* ``operating_region``: the fraction of score differences with |d| < δ(τ) vs B and τ (Smooth-AP supp. Fig. S7).
+* ``operating_region``: the fraction of score differences with |d| < δ(τ) vs B and τ (Smooth-AP supp. Fig. S7);
+* ``smooth_ap_tau``, ``smooth_ap_positives``, ``smooth_ap_batch``: Smooth-AP's ablation, one parameter at a time —
+  the sigmoid temperature τ, the positives per class |P| (``train.m``) and the batch size B, the others at
+  τ = 0.01, |P| = 4, B = 128 (Smooth-AP Table 5, §6.4; the paper runs it on VGGFace2 with SENet-50:
+  ``--recipe smooth_ap_vggface2_senet50``).
 
 Honesty: the sweeps (``batch_size``, ``lambda``, ``rho``) choose hyper-parameters, so their runs
 evaluate on a class-disjoint validation split carved from the training classes
@@ -58,6 +62,11 @@ DIAGNOSTICS_EVERY, QUICK_DIAGNOSTICS_EVERY = 10, 2
 EDGE_FRACTION = 0.2  # approximation_error: the first / last 20 % of the logged steps
 OPERATING_BATCH_SIZES = (32, 64, 128, 256, 512)
 OPERATING_TAUS = (0.001, 0.005, 0.01, 0.05, 0.1)
+SMOOTH_AP_TABLE5 = {"loss.kwargs.tau": 0.01, "train.m": 4, "train.batch_size": 128}
+"""Smooth-AP Table 5: the settings of the parameters an ablation sweep does not vary."""
+SMOOTH_AP_TAUS = (0.1, 0.01, 0.001)
+SMOOTH_AP_POSITIVES = (4, 8, 16)
+SMOOTH_AP_BATCH_SIZES = (64, 128, 256)
 OPERATING_BATCHES, QUICK_OPERATING_BATCHES = 20, 4
 
 
@@ -262,10 +271,15 @@ def _fmt(value: float) -> str:
 # ---------------------------------------------------------------- the sweeps
 
 def _sweep(s: Settings, *, param: str, symbol: str, key: str, loss: str, defaults: Sequence[float],
-           title: str) -> Findings:
-    """Train ``loss`` at each value of ``key`` for every seed; table and figure of :data:`STUDY_METRICS`."""
+           title: str, fixed: Sequence[str] = (), per_value: Callable[[float], Sequence[str]] | None = None,
+           integer: bool = False) -> Findings:
+    """Train ``loss`` at each value of ``key`` for every seed; table and figure of :data:`STUDY_METRICS`.
+    ``fixed``: default overrides of every run (the user's ``--set`` still wins); ``per_value(v)``: more
+    overrides of the runs at ``v``; ``integer``: the values are written as ints."""
     values = s.sweep_values(defaults)
-    runs = s.train_groups({v: _seeded(s, f"{param}{_fmt(v)}", f"loss.name={loss}", f"{key}={v}", tuned=True)
+    written = {v: str(int(v)) if integer else str(v) for v in values}
+    runs = s.train_groups({v: _seeded(s, f"{param}{_fmt(v)}", f"loss.name={loss}", f"{key}={written[v]}",
+                                      *(per_value(v) if per_value else ()), defaults=fixed, tuned=True)
                            for v in values})
     table = Table([symbol, *STUDY_METRICS, "seeds"])
     stats: dict[str, list[Summary]] = {m: [] for m in STUDY_METRICS}
@@ -554,6 +568,35 @@ def operating_region_study(s: Settings) -> Findings:
         table, [figure], notes=list(dict.fromkeys(notes)))
 
 
+def _smooth_ap_ablation(s: Settings, key: str, **sweep: object) -> Findings:
+    """One sweep of Smooth-AP Table 5: ``key`` varies, the other parameters at :data:`SMOOTH_AP_TABLE5`."""
+    fixed = tuple(f"{k}={v}" for k, v in SMOOTH_AP_TABLE5.items() if k != key)
+    return _sweep(s, key=key, loss="smooth_ap", fixed=fixed, **sweep)  # type: ignore[arg-type]
+
+
+def smooth_ap_tau_study(s: Settings) -> Findings:
+    """Smooth-AP's sigmoid temperature τ (Eq. 6) at |P| = 4, B = 128 (Smooth-AP Table 5, left)."""
+    return _smooth_ap_ablation(s, "loss.kwargs.tau", param="tau", symbol="τ", defaults=SMOOTH_AP_TAUS,
+                               title="Smooth-AP's sigmoid temperature τ (Smooth-AP Table 5, §6.4), |P| = 4, B = 128")
+
+
+def smooth_ap_positives_study(s: Settings) -> Findings:
+    """Smooth-AP with |P| = ``train.m`` images per class in a batch, τ = 0.01, B = 128 (Smooth-AP Table 5, middle)."""
+    return _smooth_ap_ablation(s, "train.m", param="m", symbol="|P|", defaults=SMOOTH_AP_POSITIVES, integer=True,
+                               title="Smooth-AP's positives per class |P| (Smooth-AP Table 5, §6.4), τ = 0.01, B = 128")
+
+
+def smooth_ap_batch_study(s: Settings) -> Findings:
+    """Smooth-AP at batch sizes B, τ = 0.01, |P| = 4 (Smooth-AP Table 5, right), each B seeing about as many
+    images per epoch (:func:`_steps_for`)."""
+    sizes = [int(v) for v in s.sweep_values(SMOOTH_AP_BATCH_SIZES)]
+    steps = _steps_for(s, sizes)
+    return _smooth_ap_ablation(
+        s, "train.batch_size", param="bs", symbol="B", defaults=sizes, integer=True,
+        per_value=lambda b: [f"train.max_steps_per_epoch={steps[int(b)]}"] if steps[int(b)] else [],
+        title="Smooth-AP's batch size B (Smooth-AP Table 5, §6.4), τ = 0.01, |P| = 4")
+
+
 STUDIES: dict[str, Callable[[Settings], Findings]] = {
     "batch_size": batch_size_study,
     "lambda": lambda_study,
@@ -561,6 +604,9 @@ STUDIES: dict[str, Callable[[Settings], Findings]] = {
     "decomposability_gap": decomposability_gap_study,
     "approximation_error": approximation_error_study,
     "operating_region": operating_region_study,
+    "smooth_ap_tau": smooth_ap_tau_study,
+    "smooth_ap_positives": smooth_ap_positives_study,
+    "smooth_ap_batch": smooth_ap_batch_study,
 }
 """Study name -> function ``(Settings) -> Findings``."""
 

@@ -1,0 +1,208 @@
+"""1:1 verification of template pairs (the IJB-C protocol): exact ROC points, TAR at fixed FARs,
+media averaging and template features.
+
+* A pair is accepted at threshold ``t`` when its score is ``>= t``:
+  ``FAR(t) = #{impostor pairs: s >= t} / #impostor pairs``, ``TAR(t) = #{genuine pairs: s >= t} / #genuine pairs``.
+* Media averaging (Smooth-AP §5.1, /work/shared/papers/smooth-ap-eccv2020.md): the frames of a video are
+  one instance, the mean of their embeddings (:func:`group_mean`).
+* A template's feature (:func:`template_embeddings`) follows the insightface IJB-C evaluation
+  (``recognition/_evaluation_/ijb/ijb_11.py``, ``image2template_feature``): the template's rows of
+  each media are averaged, the media means summed (each media weighs the same, whatever its
+  frame count) and the sum L2-normalised. A pair's score compares its two template features.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from numpy.typing import ArrayLike
+
+from rankopt.checks import check_embeddings
+from rankopt.similarity import SIMILARITIES
+
+DEFAULT_FARS = (1e-6, 1e-5, 1e-4, 1e-3, 1e-2, 1e-1)
+ROW_CHUNK = 65536  # embedding rows converted to float64 and summed at a time
+PAIR_CHUNK = 1 << 20  # template pairs scored at a time
+
+
+def _pairs(scores: ArrayLike, labels: ArrayLike) -> tuple[np.ndarray, np.ndarray]:
+    """``(P,)`` float64 scores and ``(P,)`` bool genuine flags, checked: finite, labels 0/1, both kinds present."""
+    s = np.asarray(scores, dtype=np.float64)
+    y = np.asarray(labels)
+    if s.ndim != 1 or y.shape != s.shape:
+        raise ValueError(f"scores and labels must be two (P,) vectors, got shapes {s.shape} and {y.shape}")
+    bad = np.flatnonzero(~np.isfinite(s))
+    if bad.size:
+        raise ValueError(f"scores: {bad.size} pair(s) with NaN or Inf scores, first pair {bad[0]} ({s[bad[0]]})")
+    bad = np.flatnonzero((y != 0) & (y != 1))
+    if bad.size:
+        raise ValueError(f"labels: pair {bad[0]} has label {y[bad[0]].item()!r}; labels are 1 (genuine) or 0 (impostor)")
+    genuine = y == 1
+    num_genuine = int(genuine.sum())
+    if num_genuine == 0 or num_genuine == genuine.size:
+        kind = "genuine (label 1)" if num_genuine == 0 else "impostor (label 0)"
+        raise ValueError(f"labels: no {kind} pair among {genuine.size}; TAR and FAR need both kinds")
+    return s, genuine
+
+
+def _roc(s: np.ndarray, genuine: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    order = np.argsort(-s, kind="stable")
+    s, genuine = s[order], genuine[order]
+    last_of_tie = np.append(np.flatnonzero(s[1:] != s[:-1]), s.size - 1)  # a group of tied scores is one point
+    accepted_genuine = np.cumsum(genuine)[last_of_tie]
+    accepted_impostor = last_of_tie + 1 - accepted_genuine
+    far = np.append(0, accepted_impostor) / (s.size - int(genuine.sum()))
+    tar = np.append(0, accepted_genuine) / int(genuine.sum())
+    return far, tar, np.append(np.inf, s[last_of_tie])
+
+
+def roc_points(scores: ArrayLike, labels: ArrayLike) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Exact ROC of scored pairs: ``(far, tar, thresholds)``, float64, one point per threshold.
+
+    ``thresholds``: ``+inf`` (nothing accepted: FAR = TAR = 0), then every distinct score in
+    decreasing order (each accepts all pairs scoring ``>=`` it, ties together), so ``far`` and ``tar``
+    rise to 1. ``labels``: 1 genuine, 0 impostor. The points of
+    ``sklearn.metrics.roc_curve(labels, scores, drop_intermediate=False)``.
+    """
+    return _roc(*_pairs(scores, labels))
+
+
+def far_key(far: float) -> str:
+    """The metric name of TAR at ``far``: ``tar@far=1e-04`` (the shortest exact mantissa)."""
+    return "tar@far=" + np.format_float_scientific(far, trim="-", exp_digits=2)
+
+
+def tar_at_far(scores: ArrayLike, labels: ArrayLike, fars: Sequence[float] = DEFAULT_FARS) -> dict[str, float]:
+    """TAR at each target FAR, keyed by :func:`far_key`: ``max {TAR(t) : FAR(t) <= far}``, i.e. TAR at the
+    lowest threshold whose FAR does not exceed the target (never interpolated; the achievable FARs
+    are multiples of ``1 / #impostors``, fewer with ties).
+
+    The thresholds include ``+inf`` (:func:`roc_points`), so when even the top score group holds too
+    many impostors the value is 0.0, a real operating point. The value is NaN when the target is not
+    measurable: fewer than ``1 / far`` impostor pairs, where no accepted impostor can have FAR <= far.
+    Unlike insightface's table (the ROC point whose FAR is nearest the target, possibly above it),
+    the FAR here never exceeds the target.
+    """
+    s, genuine = _pairs(scores, labels)
+    far, tar, _ = _roc(s, genuine)
+    num_impostors = int((~genuine).sum())
+    out = {}
+    for target in fars:
+        if not 0.0 < target <= 1.0:
+            raise ValueError(f"fars: {target!r} is not a false accept rate in (0, 1]")
+        measurable = num_impostors * target >= 1.0 - 1e-9  # at least one impostor may be accepted
+        # far is non-decreasing with far[0] = 0: the last point with far <= target has the highest TAR
+        out[far_key(target)] = float(tar[np.searchsorted(far, target, side="right") - 1]) if measurable else math.nan
+    return out
+
+
+def _index_vector(values: ArrayLike, length: int, name: str) -> torch.Tensor:
+    """``values`` as a ``(length,)`` int64 CPU tensor, checked."""
+    v = torch.as_tensor(np.asarray(values))
+    if v.dtype.is_floating_point or v.dtype.is_complex or v.dtype == torch.bool:
+        raise TypeError(f"{name} must hold integer ids, got {v.dtype}")
+    if tuple(v.shape) != (length,):
+        raise ValueError(f"{name} must have shape ({length},) (one id per embedding row), got {tuple(v.shape)}")
+    return v.long()
+
+
+def _index_table(values: ArrayLike, columns: int, name: str) -> torch.Tensor:
+    """``values`` as a ``(rows, columns)`` int64 CPU tensor, checked."""
+    v = torch.as_tensor(np.asarray(values))
+    if v.dtype.is_floating_point or v.dtype.is_complex or v.dtype == torch.bool:
+        raise TypeError(f"{name} must hold integers, got {v.dtype}")
+    if v.ndim != 2 or v.shape[1] != columns:
+        raise ValueError(f"{name} must have shape (rows, {columns}), got {tuple(v.shape)}")
+    return v.long()
+
+
+def _row_sums(embeddings: torch.Tensor, rows: torch.Tensor | None, group: torch.Tensor, num_groups: int) -> torch.Tensor:
+    """``(num_groups, D)`` float64: ``sums[group[k]] += embeddings[rows[k]]`` (``rows=None``: row ``k``),
+    ``ROW_CHUNK`` rows at a time (a memory-mapped set is never copied whole)."""
+    sums = torch.zeros((num_groups, embeddings.shape[1]), dtype=torch.float64, device=embeddings.device)
+    group = group.to(embeddings.device)
+    for start in range(0, group.numel(), ROW_CHUNK):
+        part = slice(start, start + ROW_CHUNK)
+        block = embeddings[part] if rows is None else embeddings[rows[part].to(embeddings.device)]
+        sums.index_add_(0, group[part], block.to(torch.float64))
+    return sums
+
+
+def group_mean(embeddings: torch.Tensor, groups: ArrayLike) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(means (G, D), group_ids (G,))``: ``means[g] = mean{embeddings[i] : groups[i] == group_ids[g]}``
+    (media averaging, Smooth-AP §5.1), summed in float64, returned in ``embeddings``' dtype;
+    ``group_ids`` int64, increasing."""
+    check_embeddings(embeddings, "embeddings")
+    group_ids, group = torch.unique(_index_vector(groups, embeddings.shape[0], "groups"), sorted=True, return_inverse=True)
+    sums = _row_sums(embeddings, None, group, group_ids.numel())
+    counts = torch.bincount(group, minlength=group_ids.numel()).to(sums)
+    return (sums / counts.unsqueeze(1)).to(embeddings.dtype), group_ids
+
+
+def template_embeddings(item_embeddings: torch.Tensor, media: ArrayLike, templates: ArrayLike) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(features (T, D), template_ids (T,))``: the IJB-C template features, float64, unit norm
+    (zero where the embeddings sum to zero), ``template_ids`` increasing (as :func:`group_mean`).
+
+    ``media``: ``(N,)`` the media id of each item (a video's frames share one); ``templates``:
+    ``(M, 2)`` rows ``(template_id, item_index)``, an item possibly in several templates. Feature of
+    template ``t``: ``normalize(Σ_m mean{x_i : (t, i) a row, media[i] = m})`` over the media ``m`` of
+    its rows (insightface ``image2template_feature``: frames averaged per media, media weighed alike).
+    """
+    check_embeddings(item_embeddings, "item_embeddings")
+    num_items = item_embeddings.shape[0]
+    media_of = _index_vector(media, num_items, "media")
+    table = _index_table(templates, 2, "templates")
+    if table.shape[0] == 0:
+        raise ValueError("templates has no rows")
+    items = table[:, 1]
+    bad = ((items < 0) | (items >= num_items)).nonzero().flatten()
+    if bad.numel():
+        row = int(bad[0])
+        raise ValueError(f"templates row {row}: item index {int(items[row])} is outside [0, {num_items}) "
+                         f"({bad.numel()} such row(s))")
+    template_media, group = torch.unique(torch.stack([table[:, 0], media_of[items]], dim=1), dim=0, return_inverse=True)
+    sums = _row_sums(item_embeddings, items, group, template_media.shape[0])
+    media_means = sums / torch.bincount(group, minlength=template_media.shape[0]).to(sums).unsqueeze(1)
+    template_ids, owner = torch.unique(template_media[:, 0], sorted=True, return_inverse=True)
+    features = torch.zeros((template_ids.numel(), sums.shape[1]), dtype=torch.float64, device=sums.device)
+    features.index_add_(0, owner.to(sums.device), media_means)
+    return F.normalize(features, dim=1), template_ids
+
+
+def _template_rows(template_ids: torch.Tensor, wanted: torch.Tensor, column: int) -> torch.Tensor:
+    """The row of each id of ``wanted`` in the increasing ``template_ids``; unknown ids raise."""
+    rows = torch.searchsorted(template_ids, wanted.contiguous()).clamp(max=template_ids.numel() - 1)
+    missing = (template_ids[rows] != wanted).nonzero().flatten()
+    if missing.numel():
+        pair = int(missing[0])
+        raise ValueError(f"template_pairs row {pair}: template {int(wanted[pair])} (column {column}) has no row in "
+                         f"templates ({missing.numel()} such pair(s))")
+    return rows
+
+
+def verification_metrics(item_embeddings: torch.Tensor, media: ArrayLike, templates: ArrayLike, template_pairs: ArrayLike,
+                         similarity: str = "cosine", fars: Sequence[float] = DEFAULT_FARS) -> dict[str, float]:
+    """IJB-C 1:1 verification: :func:`tar_at_far` of the template pairs scored on their
+    :func:`template_embeddings`.
+
+    ``template_pairs``: ``(P, 3)`` rows ``(template1, template2, label)``, label 1 genuine, 0 impostor.
+    Scores are computed ``PAIR_CHUNK`` pairs at a time, never as a template x template matrix:
+    ``<a, b>`` for ``cosine`` and ``dot``, ``-||a - b||`` for ``neg_l2``; on the unit-norm template
+    features the three order the pairs alike, so the TARs do not depend on ``similarity``.
+    """
+    if similarity not in SIMILARITIES:
+        raise ValueError(f"unknown similarity {similarity!r}; use one of {', '.join(SIMILARITIES)}")
+    features, template_ids = template_embeddings(item_embeddings, media, templates)
+    pairs = _index_table(template_pairs, 3, "template_pairs")
+    first = _template_rows(template_ids.cpu(), pairs[:, 0], 0).to(features.device)
+    second = _template_rows(template_ids.cpu(), pairs[:, 1], 1).to(features.device)
+    scores = torch.empty(pairs.shape[0], dtype=torch.float64)
+    for start in range(0, pairs.shape[0], PAIR_CHUNK):
+        part = slice(start, start + PAIR_CHUNK)
+        a, b = features[first[part]], features[second[part]]
+        scores[part] = (-(a - b).norm(dim=1) if similarity == "neg_l2" else (a * b).sum(dim=1)).cpu()
+    return tar_at_far(scores.numpy(), pairs[:, 2].numpy(), fars)

@@ -32,6 +32,21 @@ def test_datasets_lists_every_dataset(capsys):
     assert "cub200 (alias: cub)" in text and "levels (finest first)" in text
 
 
+def test_readme_dataset_table_is_the_markdown_listing(capsys):
+    """The README's dataset table is ``rankopt datasets --markdown`` (every dataset, its native files)."""
+    from pathlib import Path
+
+    code, table = run(["datasets", "--markdown"], capsys)
+    assert code == 0
+    lines = table.splitlines()
+    _, listing = run(["datasets", "--json"], capsys)
+    assert len(lines) == 2 + len(json.loads(listing))  # header, rule, one row per dataset
+    assert any(line.startswith("| `vggface2` |") and "loose_bb_{train,test}.csv" in line for line in lines)
+    assert any(line.startswith("| `ijbc` |") and "ijbc_face_tid_mid.txt" in line for line in lines)
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    assert table in readme, "README's dataset table is stale: paste `rankopt datasets --markdown` into it"
+
+
 def test_dataset_info_reports_counts_and_missing(sop_root, capsys):
     tmp_path, _ = sop_root
     (tmp_path / "toaster_final/9_1.JPG").unlink()

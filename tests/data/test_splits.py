@@ -39,3 +39,22 @@ def test_fine_level_and_bounds():
         held_out_classes(labels, 0.5)  # the coarsest level has a single class
     with pytest.raises(ValueError, match="fraction"):
         held_out_classes(labels, 1.0)
+
+
+def test_subset_carries_per_item_metadata_landmarks_and_item_tables():
+    """IJB-C-style metadata follows its items: per-item rows selected, table rows of kept items renumbered."""
+    from rankopt.data.base import ITEM_METADATA, RetrievalDataset
+    from rankopt.data.splits import subset
+
+    media = np.array([10, 10, 11, 12])
+    templates = np.array([[7, 0], [7, 2], [8, 3], [8, 1]])  # (template, item)
+    points = np.arange(10, dtype=np.float64).reshape(5, 2)
+    dataset = RetrievalDataset([f"p{i}" for i in range(4)], np.array([[0], [0], [1], [2]]), "test", ("subject",),
+                               metadata={"media": media, "templates": templates,
+                                         ITEM_METADATA: {"rows": ["media"], "tables": ["templates"]}},
+                               landmarks={2: points}, align_size=56)
+    part = subset(dataset, [2, 0], "part")
+    np.testing.assert_array_equal(part.metadata["media"], [11, 10])
+    np.testing.assert_array_equal(part.metadata["templates"], [[7, 1], [7, 0]])  # item 3 (template 8) and 1 left out
+    assert set(part.landmarks) == {0} and np.array_equal(part.landmarks[0], points) and part.align_size == 56
+    assert part.metadata[ITEM_METADATA] == {"rows": ["media"], "tables": ["templates"]}

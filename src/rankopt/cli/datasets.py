@@ -12,6 +12,7 @@ import yaml
 def register(subparsers: argparse._SubParsersAction) -> None:
     listing = subparsers.add_parser("datasets", help="list the supported datasets (levels, splits, native files)")
     listing.add_argument("--json", action="store_true", help="machine-readable output")
+    listing.add_argument("--markdown", action="store_true", help="one table (the README's dataset table)")
     listing.set_defaults(func=run_datasets)
 
     info = subparsers.add_parser(
@@ -39,7 +40,8 @@ def _parse_options(options: list[str]) -> dict[str, Any]:
     return out
 
 
-def run_datasets(args: argparse.Namespace) -> int:
+def dataset_rows() -> list[dict[str, Any]]:
+    """Every registered dataset (aliases folded in): name, aliases, description, levels, splits, native files."""
     from rankopt.data import DATASETS, dataset_spec
 
     rows = []
@@ -56,8 +58,30 @@ def run_datasets(args: argparse.Namespace) -> int:
             "evaluation_splits": list(spec.evaluation_splits),
             "native_files": list(spec.native_files),
         })
+    return rows
+
+
+def markdown_table(rows: list[dict[str, Any]]) -> str:
+    """The datasets as one markdown table (the README's, kept equal to it by a test)."""
+    def cell(text: str) -> str:
+        return text.replace("|", "\\|")
+
+    lines = ["| name | dataset | levels (finest first) | evaluation splits | native files |", "|---|---|---|---|---|"]
+    for row in rows:
+        name = f"`{row['name']}`" + "".join(f" (`{a}`)" for a in row["aliases"])
+        files = ", ".join(f"`{f}`" for f in row["native_files"])
+        lines.append(f"| {name} | {cell(row['description'])} | {', '.join(row['levels'])} | "
+                     f"{', '.join(row['evaluation_splits'])} | {cell(files)} |")
+    return "\n".join(lines) + "\n"
+
+
+def run_datasets(args: argparse.Namespace) -> int:
+    rows = dataset_rows()
     if args.json:
         print(json.dumps(rows, indent=2))
+        return 0
+    if args.markdown:
+        print(markdown_table(rows), end="")
         return 0
     for row in rows:
         aliases = f" (alias: {', '.join(row['aliases'])})" if row["aliases"] else ""

@@ -23,6 +23,7 @@ import numpy as np
 import torch
 from PIL import Image, ImageOps, UnidentifiedImageError
 
+from rankopt.data.face_alignment import ARCFACE_SIZE, align_face
 from rankopt.registry import Registry
 
 BAD_IMAGE_POLICIES = ("raise", "skip")
@@ -172,7 +173,12 @@ class Items:
     gives each item's split; ``sources`` the ``file:line`` it came from. A loader may return
     more splits than asked for: :func:`finalize` keeps the group of the requested split.
     ``boxes`` maps an item position to an ``(x1, y1, x2, y2)`` crop (Revisited Oxford/Paris
-    queries); ``extra`` holds per-split metadata copied to the dataset (e.g. ground truth).
+    queries); ``landmarks`` maps one to its five ``(5, 2)`` face landmarks, the item then aligned to
+    an ``align_size`` square (:func:`~rankopt.data.face_alignment.align_face`) instead;
+    ``extra`` holds per-split metadata copied to the dataset (e.g. ground truth). ``per_item``
+    holds arrays with one row per item (IJB-C media ids) and ``item_tables`` ``(M, k)`` integer
+    tables whose last column is an item position (IJB-C template membership): :func:`finalize`
+    puts the rows of the kept items in the metadata, table positions renumbered to the dataset's.
     """
 
     paths: list[str]
@@ -182,6 +188,10 @@ class Items:
     level_names: tuple[str, ...]
     boxes: dict[int, tuple[float, float, float, float]] = field(default_factory=dict)
     extra: dict[str, dict[str, Any]] = field(default_factory=dict)
+    landmarks: dict[int, np.ndarray] = field(default_factory=dict)
+    align_size: int = ARCFACE_SIZE
+    per_item: dict[str, np.ndarray] = field(default_factory=dict)
+    item_tables: dict[str, np.ndarray] = field(default_factory=dict)
 
     @classmethod
     def from_rows(
@@ -205,7 +215,8 @@ class RetrievalDataset(torch.utils.data.Dataset):
     ``__getitem__(i)`` returns ``{"image": FloatTensor (3, H, W), "label": LongTensor (L,),
     "index": i, "path": str}``; without a transform the image is the decoded RGB in [0, 1].
     ``metadata["label_names"]`` (when the loader knows them): ``names[c][i]``, the raw class of id
-    ``i`` at level ``c`` (:func:`label_names`).
+    ``i`` at level ``c`` (:func:`label_names`). An item with ``boxes[i]`` is cropped to it, one with
+    ``landmarks[i]`` aligned on them to an ``align_size`` square (:meth:`load`).
     """
 
     def __init__(
@@ -220,6 +231,8 @@ class RetrievalDataset(torch.utils.data.Dataset):
         sources: Sequence[str] | None = None,
         boxes: dict[int, tuple[float, float, float, float]] | None = None,
         metadata: dict[str, Any] | None = None,
+        landmarks: dict[int, np.ndarray] | None = None,
+        align_size: int = ARCFACE_SIZE,
     ) -> None:
         labels = np.asarray(labels)
         if labels.ndim == 1:
@@ -238,6 +251,8 @@ class RetrievalDataset(torch.utils.data.Dataset):
         self.transform = transform
         self.sources = list(sources) if sources is not None else [f"item {i}" for i in range(len(paths))]
         self.boxes = dict(boxes or {})
+        self.landmarks = dict(landmarks or {})
+        self.align_size = int(align_size)
         self.metadata: dict[str, Any] = dict(metadata or {})
 
     @property
@@ -251,15 +266,26 @@ class RetrievalDataset(torch.utils.data.Dataset):
         return len(self.paths)
 
     def load(self, index: int) -> Image.Image:
-        """The decoded RGB image (cropped to its box if it has one)."""
+        """The decoded RGB image: aligned on its landmarks if it has them, else cropped to its box if
+        it has one (the part of the box inside the image: no padding)."""
         path = self.paths[index]
         try:
             img = load_image(path)
         except (OSError, UnidentifiedImageError, ValueError, KeyError, zipfile.BadZipFile) as err:
             why = "not an image file Pillow can read" if isinstance(err, UnidentifiedImageError) else err
             raise BadImageError(f"cannot read image {path!r} (listed at {self.sources[index]}): {why}") from err
+        points = self.landmarks.get(index)
+        if points is not None:
+            return align_face(img, points, self.align_size)
         box = self.boxes.get(index)
-        return img.crop(tuple(int(round(v)) for v in box)) if box is not None else img
+        if box is None:
+            return img
+        x1, y1, x2, y2 = (int(round(v)) for v in box)
+        x1, y1, x2, y2 = max(x1, 0), max(y1, 0), min(x2, img.width), min(y2, img.height)
+        if x1 >= x2 or y1 >= y2:
+            raise BadImageError(f"crop box {tuple(box)} of {path!r} (listed at {self.sources[index]}) has no pixel "
+                                f"inside the {img.width}x{img.height} image")
+        return img.crop((x1, y1, x2, y2))
 
     def __getitem__(self, index: int) -> dict[str, Any]:
         img = self.load(index)
@@ -418,6 +444,31 @@ def _usable(
     return keep, bad
 
 
+ITEM_METADATA = "item_metadata"  # metadata key: {"rows": per-item array keys, "tables": item table keys}
+
+
+def _renumbered(table: np.ndarray, new_position: np.ndarray) -> np.ndarray:
+    """The rows of an item table whose item (last column) is kept, that column renumbered by
+    ``new_position`` (-1 for an item left out)."""
+    table = np.asarray(table, dtype=np.int64)
+    renumbered = new_position[table[:, -1]]
+    kept = table[renumbered >= 0]
+    kept[:, -1] = renumbered[renumbered >= 0]
+    return kept
+
+
+def select_item_metadata(per_item: dict[str, Any], item_tables: dict[str, Any], rows: np.ndarray,
+                         num_items: int) -> dict[str, Any]:
+    """Metadata of the items ``rows`` (in that order) of ``num_items``: each per-item array's rows,
+    each item table's rows of kept items renumbered, and :data:`ITEM_METADATA` naming both kinds
+    (so that :func:`rankopt.data.splits.subset` selects them again)."""
+    new_position = np.full(num_items, -1, dtype=np.int64)
+    new_position[rows] = np.arange(rows.size)
+    return {**{key: np.asarray(values)[rows] for key, values in per_item.items()},
+            **{key: _renumbered(table, new_position) for key, table in item_tables.items()},
+            ITEM_METADATA: {"rows": sorted(per_item), "tables": sorted(item_tables)}}
+
+
 def finalize(
     name: str,
     items: Items,
@@ -442,7 +493,9 @@ def finalize(
         warnings.warn(f"dataset {name!r} split {split!r}: inconsistent hierarchy {violations}", stacklevel=3)
     position = {int(r): i for i, r in enumerate(rows)}
     boxes = {position[r]: b for r, b in items.boxes.items() if r in position}
+    landmarks = {position[r]: p for r, p in items.landmarks.items() if r in position}
     metadata = {"dataset": name, "bad_images": bad, "num_bad_images": len(bad), "label_names": names,
+                **select_item_metadata(items.per_item, items.item_tables, np.asarray(rows), len(items.paths)),
                 **items.extra.get(split, {})}
     return RetrievalDataset(
         [items.paths[r] for r in rows],
@@ -454,4 +507,6 @@ def finalize(
         sources=[items.sources[r] for r in rows],
         boxes=boxes,
         metadata=metadata,
+        landmarks=landmarks,
+        align_size=items.align_size,
     )

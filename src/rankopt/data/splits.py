@@ -13,7 +13,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from rankopt.data.base import RetrievalDataset, remap_labels
+from rankopt.data.base import ITEM_METADATA, RetrievalDataset, remap_labels, select_item_metadata
 
 
 def held_out_classes(labels: np.ndarray, fraction: float, *, level: int = -1, seed: int = 0) -> np.ndarray:
@@ -31,12 +31,16 @@ def held_out_classes(labels: np.ndarray, fraction: float, *, level: int = -1, se
 
 
 def subset(dataset: RetrievalDataset, indices: Sequence[int] | np.ndarray, split: str) -> RetrievalDataset:
-    """Items ``indices`` of ``dataset`` as a new dataset named ``split``, labels remapped to ``0..K-1``."""
+    """Items ``indices`` of ``dataset`` as a new dataset named ``split``, labels remapped to ``0..K-1``;
+    boxes, landmarks and per-item metadata (IJB-C media, template tables) follow their items."""
     rows = np.asarray(indices, dtype=np.int64)
     if rows.size == 0:
         raise ValueError(f"split {split!r} of {dataset.name!r} would be empty")
     position = {int(r): i for i, r in enumerate(rows)}
-    metadata = {**dataset.metadata, "carved_from": dataset.split}
+    kinds = dataset.metadata.get(ITEM_METADATA, {"rows": [], "tables": []})
+    metadata = {**dataset.metadata, "carved_from": dataset.split,
+                **select_item_metadata({k: dataset.metadata[k] for k in kinds["rows"]},
+                                       {k: dataset.metadata[k] for k in kinds["tables"]}, rows, len(dataset))}
     if "label_names" in metadata:  # the kept ids, in the order remap_labels gives them
         kept = [np.unique(dataset.labels[rows, level]) for level in range(dataset.num_levels)]
         metadata["label_names"] = [[names[i] for i in ids] for names, ids in zip(metadata["label_names"], kept)]
@@ -44,6 +48,7 @@ def subset(dataset: RetrievalDataset, indices: Sequence[int] | np.ndarray, split
         [dataset.paths[r] for r in rows], remap_labels(dataset.labels[rows]), split, dataset.level_names,
         dataset.transform, name=dataset.name, sources=[dataset.sources[r] for r in rows],
         boxes={position[r]: b for r, b in dataset.boxes.items() if r in position}, metadata=metadata,
+        landmarks={position[r]: p for r, p in dataset.landmarks.items() if r in position}, align_size=dataset.align_size,
     )
 
 

@@ -20,6 +20,7 @@ PAPER_RECIPES = {
     "roadmap_sop_resnet50", "roadmap_cub_resnet50", "roadmap_inat_resnet50", "roadmap_sop_deit", "roadmap_cub_deit",
     "roadmap_inat_deit", "smooth_ap_sop", "smooth_ap_inat", "fastap_sop", "softbin_ap_sop", "rod_recall_sop",
     "happier_sop", "happier_inat_base", "happier_inat_full", "happier_dyml", "softbin_ap_landmarks",
+    "smooth_ap_vggface2_senet50", "smooth_ap_vggface2_arcface",
 }
 
 

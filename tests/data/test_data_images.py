@@ -103,13 +103,14 @@ def test_constant_image_is_normalised():
 
 
 def test_face_presets_follow_their_weights_input_conventions():
-    """SENet-50 (VGGFace2 release): BGR, 0-255 minus the mean face; IResNet (ArcFace): (x - 0.5) / 0.5, RGB."""
-    from rankopt.data.transforms import VGGFACE2_MEAN_BGR
+    """SENet-50 (VGGFace2 PyTorch release): 0-255 minus the mean face, RGB; IResNet (ArcFace): (x - 0.5) / 0.5."""
+    from rankopt.data.transforms import VGGFACE2_MEAN_RGB
 
     rgb = (255, 0, 128)
     out = build_transform("vggface2_test")(Image.new("RGB", (300, 250), rgb))
     assert out.shape == (3, 224, 224)
-    expected = torch.tensor([rgb[2], rgb[1], rgb[0]], dtype=torch.float32) - torch.tensor(VGGFACE2_MEAN_BGR)
+    expected = torch.tensor(rgb, dtype=torch.float32) - torch.tensor((131.0912, 103.8827, 91.4953))
+    assert VGGFACE2_MEAN_RGB == (131.0912, 103.8827, 91.4953)
     assert torch.allclose(out[:, 100, 100], expected, atol=1e-3)
     out = build_transform("arcface_test")(Image.new("RGB", (112, 112), rgb))
     assert out.shape == (3, 112, 112)

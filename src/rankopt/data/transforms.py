@@ -13,7 +13,7 @@ preset              ops (then ImageNet mean/std normalisation)
 ``synthetic_test``  resize 56, center crop 48
 ``omniglot_train``  area-resize to 32 x 32, random affine (rotation ±10°, shift ±8 %, scale 0.9-1.1, white fill), no flip
 ``omniglot_test``   area-resize to 32 x 32
-``vggface2_train``  resize to 224 x 224, h-flip; BGR, 0-255 minus the VGGFace2 mean (SENet-50 release)
+``vggface2_train``  resize to 224 x 224, h-flip; 0-255 minus the VGGFace2 mean face, RGB (SENet-50 PyTorch release)
 ``vggface2_test``   resize to 224 x 224; same input convention
 ``arcface_train``   resize to 112 x 112 (aligned crops already are), h-flip; (x - 0.5) / 0.5 (IResNet release)
 ``arcface_test``    resize to 112 x 112; same input convention
@@ -39,7 +39,7 @@ from rankopt.data.base import pil_to_tensor, to_rgb
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
-VGGFACE2_MEAN_BGR = (91.4953, 103.8827, 131.0912)  # the VGGFace2 models' mean face, 0-255, BGR order
+VGGFACE2_MEAN_RGB = (131.0912, 103.8827, 91.4953)  # the VGGFace2 models' mean face, 0-255 (RGB, as their PyTorch port)
 
 
 @dataclass(frozen=True)
@@ -53,9 +53,8 @@ class Preset:
     affine: bool = False  # small random rotation/shift/scale instead of a random crop (handwriting)
     flip: bool = True  # random horizontal flip when training (not for characters)
     area: bool = False  # square resize by area averaging (fast, alias-free downscaling of thin strokes)
-    mean: tuple[float, ...] = IMAGENET_MEAN  # of the [0, 1] input, in the model's channel order
+    mean: tuple[float, ...] = IMAGENET_MEAN  # of the [0, 1] RGB input
     std: tuple[float, ...] = IMAGENET_STD
-    bgr: bool = False  # channels reversed before normalising (Caffe-converted weights)
 
 
 PRESETS: dict[str, Preset] = {
@@ -69,8 +68,8 @@ PRESETS: dict[str, Preset] = {
     "synthetic_test": Preset(56, 48, False),
     "omniglot_train": Preset(32, 32, True, square=True, affine=True, flip=False, area=True),
     "omniglot_test": Preset(32, 32, False, square=True, area=True),
-    **{f"vggface2_{mode}": Preset(224, 224, mode == "train", square=True, bgr=True, std=(1 / 255,) * 3,
-                                  mean=tuple(m / 255 for m in VGGFACE2_MEAN_BGR)) for mode in ("train", "test")},
+    **{f"vggface2_{mode}": Preset(224, 224, mode == "train", square=True, std=(1 / 255,) * 3,
+                                  mean=tuple(m / 255 for m in VGGFACE2_MEAN_RGB)) for mode in ("train", "test")},
     **{f"arcface_{mode}": Preset(112, 112, mode == "train", square=True, mean=(0.5,) * 3, std=(0.5,) * 3)
        for mode in ("train", "test")},
 }
@@ -85,13 +84,6 @@ class AreaResize(torch.nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return torch.nn.functional.interpolate(x, self.size, mode="area")
-
-
-class ReverseChannels(torch.nn.Module):
-    """RGB <-> BGR of ``(B, 3, H, W)``."""
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return x.flip(-3)
 
 
 class ImageTransform:
@@ -139,7 +131,5 @@ def build_transform(preset: str, image_size: int | None = None) -> ImageTransfor
         )
     if spec.train and spec.flip:
         ops.append(K.RandomHorizontalFlip())
-    if spec.bgr:
-        ops.append(ReverseChannels())
     ops.append(K.Normalize(torch.tensor(spec.mean), torch.tensor(spec.std)))
     return ImageTransform(preset, torch.nn.Sequential(*ops))

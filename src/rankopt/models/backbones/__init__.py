@@ -7,7 +7,10 @@ retrieval head) or a ``(B, C)`` descriptor (ViTs: the CLS token).
 Built in (pure torch, no timm needed): ``convnet_tiny``, ``convnet_small`` (fast
 CPU nets), ``resnet18/34/50/101`` and ``deit_small_distilled_patch16_224``,
 ``deit_small_patch16_224``, ``vit_base_patch16_224`` with timm/torchvision
-``state_dict`` names. ``timm:<name>`` builds any timm model (lazy import).
+``state_dict`` names; the face networks ``senet50_256``, ``senet50_2048``
+(VGGFace2 release) and ``iresnet50``, ``iresnet100`` (ArcFace ``arcface_torch``)
+with their releases' names, loaded only from ``pretrained_path=``.
+``timm:<name>`` builds any timm model (lazy import).
 """
 
 from __future__ import annotations
@@ -20,8 +23,10 @@ from typing import Any
 from torch import nn
 
 from rankopt.models.backbones.convnet import convnet_small, convnet_tiny
+from rankopt.models.backbones.iresnet import IRESNET_LAYOUTS, iresnet
 from rankopt.models.backbones.pretrained import load_pretrained
 from rankopt.models.backbones.resnet import RESNET_LAYOUTS, resnet
+from rankopt.models.backbones.senet import SENET_LAYOUTS, senet
 from rankopt.models.backbones.timm_backbone import TimmBackbone
 from rankopt.models.backbones.vit import VIT_LAYOUTS, vit
 from rankopt.registry import Registry
@@ -31,7 +36,7 @@ TIMM_PREFIX = "timm:"
 
 @dataclass(frozen=True)
 class BuiltinBackbone:
-    """A registered constructor and the timm name whose weights it can load (None: no published weights)."""
+    """A registered constructor and the timm name whose weights it can load (None: weights only from a file)."""
 
     build: Callable[..., nn.Module]
     timm_name: str | None = None
@@ -47,6 +52,10 @@ for _name in RESNET_LAYOUTS:
     BACKBONES.register(_name)(BuiltinBackbone(lambda _n=_name, **kw: resnet(_n, **kw), _name))
 for _name in VIT_LAYOUTS:
     BACKBONES.register(_name)(BuiltinBackbone(lambda _n=_name, **kw: vit(_n, **kw), _name))
+for _name in SENET_LAYOUTS:
+    BACKBONES.register(_name)(BuiltinBackbone(lambda _n=_name: senet(_n)))
+for _name in IRESNET_LAYOUTS:
+    BACKBONES.register(_name)(BuiltinBackbone(lambda _n=_name, **kw: iresnet(_n, **kw)))
 
 
 def build_backbone(name: str, pretrained: bool = False, pretrained_path: str | Path | None = None, **kwargs: Any) -> nn.Module:

@@ -1,10 +1,13 @@
-"""Loading timm/torchvision weights into the built-in backbones, and the lazy timm import.
+"""Loading released weights (timm/torchvision, the face releases) into the built-in backbones; the lazy timm import.
 
 Weights come from a local file (``pretrained_path=``: safetensors, or a torch
 file read with ``weights_only=True`` so no pickled code runs) or, when timm is
 installed, from ``timm.create_model(name, pretrained=True)``. Classifier keys
-are dropped; a distilled DeiT checkpoint loses its distillation token and that
-token's position embedding (anchors §5), so it loads into a plain DeiT.
+(``fc.``, ``head.``, ``head_dist.``, ``classifier.``) are dropped unless the model
+has that key itself (IResNet's ``fc`` is its embedding layer); a distilled DeiT
+checkpoint loses its distillation token and that token's position embedding
+(anchors §5), so it loads into a plain DeiT. Every other key must match the
+model's keys and shapes exactly.
 """
 
 from __future__ import annotations
@@ -53,8 +56,9 @@ def read_state_dict(path: str | Path) -> dict[str, Tensor]:
 
 
 def adapt_state_dict(state: dict[str, Tensor], model: nn.Module) -> dict[str, Tensor]:
-    """Drop classifier keys; for ViTs drop the distillation token and fit ``pos_embed`` to the model's grid."""
-    state = {k: v for k, v in state.items() if not k.startswith(_CLASSIFIER_PREFIXES)}
+    """Drop classifier keys the model lacks; ViTs lose the distillation token and get ``pos_embed`` fit to their grid."""
+    own = model.state_dict().keys()
+    state = {k: v for k, v in state.items() if k in own or not k.startswith(_CLASSIFIER_PREFIXES)}
     if isinstance(model, VisionTransformer) and "pos_embed" in state:
         pos = state["pos_embed"]
         if state.pop("dist_token", None) is not None:
@@ -74,8 +78,14 @@ def load_pretrained(model: nn.Module, timm_name: str | None, pretrained_path: st
         state = timm.create_model(timm_name, pretrained=True).state_dict()
         source = f"timm:{timm_name}"
     else:
-        raise ValueError("this backbone has no published weights; pass pretrained_path=FILE or pretrained=False")
-    result = model.load_state_dict(adapt_state_dict(state, model), strict=False)
+        raise ValueError("no timm weights for this backbone; pass pretrained_path=FILE or pretrained=False")
+    state = adapt_state_dict(state, model)
+    own = model.state_dict()
+    reshaped = [f"{k} {tuple(v.shape)}, model {tuple(own[k].shape)}" for k, v in state.items()
+                if k in own and v.shape != own[k].shape]
+    if reshaped:
+        raise ValueError(f"weights from {source} do not match the model's shapes: {reshaped[:5]}")
+    result = model.load_state_dict(state, strict=False)
     if result.missing_keys or result.unexpected_keys:
         raise ValueError(
             f"weights from {source} do not match the model: missing {result.missing_keys[:5]}, "

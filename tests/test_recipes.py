@@ -5,6 +5,7 @@ optimizers and schedules, memory. Labels are SYNTHETIC, shaped like the dataset'
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -71,3 +72,19 @@ def test_recipe_builds(name):
     if cfg.train.memory.enabled:
         assert getattr(loss, "accepts_reference", False)
     assert cfg.train.best_metric in cfg.eval.metrics
+
+
+@pytest.mark.parametrize("recipe", ["smooth_ap_vggface2_senet50", "smooth_ap_vggface2_arcface"])
+@pytest.mark.parametrize("loss", ["contrastive", "triplet", "sup_ap", "roadmap"])
+def test_face_recipes_take_the_papers_baselines_by_override(recipe, loss):
+    """Smooth-AP Table 4's baselines (pairwise contrastive, triplet) and other rankopt losses: the same
+    recipe with ``loss.name=<loss> loss.kwargs={}``, as the recipe's comment says."""
+    from rankopt.config import load_config
+
+    cfg = load_config(recipe, [f"loss.name={loss}", "loss.kwargs={}"])
+    assert (cfg.train.batch_size, cfg.train.m, cfg.optim.lr, cfg.optim.weight_decay) == (224, 4, 1e-5, 4e-5)
+    labels = torch.arange(56).repeat_interleave(4)
+    emb = torch.nn.functional.normalize(torch.randn(224, 8, generator=torch.Generator().manual_seed(1)), dim=1)
+    value = build_loss(cfg, class_counts=[56], embedding_dim=8)(emb.requires_grad_(), labels)
+    assert torch.isfinite(value) and value.requires_grad
+    assert "loss.name=contrastive" in open(Path(__file__).resolve().parents[1] / "src/rankopt/recipes/smooth_ap_vggface2_senet50.yaml").read()

@@ -43,6 +43,13 @@ def check_embeddings(x: torch.Tensor, name: str = "embeddings", min_rows: int = 
     return x
 
 
+def check_integer(values: torch.Tensor, name: str) -> torch.Tensor:
+    """Raise ``TypeError`` unless ``values`` holds integers (not floats, complex numbers or bools)."""
+    if values.dtype.is_floating_point or values.dtype.is_complex or values.dtype == torch.bool:
+        raise TypeError(f"{name} must be an integer tensor, got {values.dtype}")
+    return values
+
+
 def check_labels(labels: torch.Tensor, num_rows: int, name: str = "labels") -> torch.Tensor:
     """Check 1-D ``(N,)`` or 2-D ``(N, L)`` integer labels with ``N == num_rows``.
 
@@ -51,8 +58,7 @@ def check_labels(labels: torch.Tensor, num_rows: int, name: str = "labels") -> t
     """
     if not isinstance(labels, torch.Tensor):
         raise TypeError(f"{name} must be a torch.Tensor, got {type(labels).__name__}")
-    if labels.dtype.is_floating_point or labels.dtype.is_complex or labels.dtype == torch.bool:
-        raise TypeError(f"{name} must be an integer tensor, got {labels.dtype}")
+    check_integer(labels, name)
     if labels.ndim == 1:
         labels = labels.unsqueeze(1)
     elif labels.ndim != 2:

@@ -17,26 +17,11 @@ import torch
 BEYOND = 2**62  # rank of an item whose exact rank lies beyond a truncated list
 
 
-def is_tie_end(values: torch.Tensor) -> torch.Tensor:
-    """``(Q, K)`` bool: for rows sorted in decreasing order, True at the last position of each tie group."""
-    is_end = torch.ones_like(values, dtype=torch.bool)
-    is_end[:, :-1] = values[:, :-1] != values[:, 1:]
-    return is_end
-
-
 def tie_ends(values: torch.Tensor) -> torch.Tensor:
     """``(Q, K)`` int64: for rows sorted in decreasing order, the last position tied with each position
     (``#{k : s_k >= s_j} - 1``, a binary search in the negated, increasing row)."""
     negated = values.neg()
     return torch.searchsorted(negated, negated, right=True) - 1
-
-
-def tie_starts(values: torch.Tensor) -> torch.Tensor:
-    """``(Q, K)`` int64: for rows sorted in decreasing order, the first position tied with each position."""
-    pos = torch.arange(values.shape[1], device=values.device).expand_as(values)
-    is_start = torch.ones_like(values, dtype=torch.bool)
-    is_start[:, 1:] = is_tie_end(values)[:, :-1]
-    return torch.where(is_start, pos, 0).cummax(dim=1).values
 
 
 def list_ranks(values: torch.Tensor, complete: bool) -> torch.Tensor:

@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 from numpy.typing import ArrayLike
 
-from rankopt.checks import check_embeddings
+from rankopt.checks import check_embeddings, check_integer
 from rankopt.similarity import SIMILARITIES
 
 DEFAULT_FARS = (1e-6, 1e-5, 1e-4, 1e-3, 1e-2, 1e-1)
@@ -100,23 +100,12 @@ def tar_at_far(scores: ArrayLike, labels: ArrayLike, fars: Sequence[float] = DEF
     return out
 
 
-def _index_vector(values: ArrayLike, length: int, name: str) -> torch.Tensor:
-    """``values`` as a ``(length,)`` int64 CPU tensor, checked."""
-    v = torch.as_tensor(np.asarray(values))
-    if v.dtype.is_floating_point or v.dtype.is_complex or v.dtype == torch.bool:
-        raise TypeError(f"{name} must hold integer ids, got {v.dtype}")
-    if tuple(v.shape) != (length,):
-        raise ValueError(f"{name} must have shape ({length},) (one id per embedding row), got {tuple(v.shape)}")
-    return v.long()
-
-
-def _index_table(values: ArrayLike, columns: int, name: str) -> torch.Tensor:
-    """``values`` as a ``(rows, columns)`` int64 CPU tensor, checked."""
-    v = torch.as_tensor(np.asarray(values))
-    if v.dtype.is_floating_point or v.dtype.is_complex or v.dtype == torch.bool:
-        raise TypeError(f"{name} must hold integers, got {v.dtype}")
-    if v.ndim != 2 or v.shape[1] != columns:
-        raise ValueError(f"{name} must have shape (rows, {columns}), got {tuple(v.shape)}")
+def _ids(values: ArrayLike, name: str, shape: tuple[int | None, ...]) -> torch.Tensor:
+    """``values`` as an int64 CPU tensor of ``shape`` (``None``: any length), checked."""
+    v = check_integer(torch.as_tensor(np.asarray(values)), name)
+    if v.ndim != len(shape) or any(want is not None and got != want for got, want in zip(v.shape, shape)):
+        wanted = ", ".join("rows" if want is None else str(want) for want in shape)
+        raise ValueError(f"{name} must have shape ({wanted}{',' if len(shape) == 1 else ''}), got {tuple(v.shape)}")
     return v.long()
 
 
@@ -137,7 +126,7 @@ def group_mean(embeddings: torch.Tensor, groups: ArrayLike) -> tuple[torch.Tenso
     (media averaging, Smooth-AP §5.1), summed in float64, returned in ``embeddings``' dtype;
     ``group_ids`` int64, increasing."""
     check_embeddings(embeddings, "embeddings")
-    group_ids, group = torch.unique(_index_vector(groups, embeddings.shape[0], "groups"), sorted=True, return_inverse=True)
+    group_ids, group = torch.unique(_ids(groups, "groups", (embeddings.shape[0],)), sorted=True, return_inverse=True)
     sums = _row_sums(embeddings, None, group, group_ids.numel())
     counts = torch.bincount(group, minlength=group_ids.numel()).to(sums)
     return (sums / counts.unsqueeze(1)).to(embeddings.dtype), group_ids
@@ -154,8 +143,8 @@ def template_embeddings(item_embeddings: torch.Tensor, media: ArrayLike, templat
     """
     check_embeddings(item_embeddings, "item_embeddings")
     num_items = item_embeddings.shape[0]
-    media_of = _index_vector(media, num_items, "media")
-    table = _index_table(templates, 2, "templates")
+    media_of = _ids(media, "media", (num_items,))
+    table = _ids(templates, "templates", (None, 2))
     if table.shape[0] == 0:
         raise ValueError("templates has no rows")
     items = table[:, 1]
@@ -197,7 +186,7 @@ def verification_metrics(item_embeddings: torch.Tensor, media: ArrayLike, templa
     if similarity not in SIMILARITIES:
         raise ValueError(f"unknown similarity {similarity!r}; use one of {', '.join(SIMILARITIES)}")
     features, template_ids = template_embeddings(item_embeddings, media, templates)
-    pairs = _index_table(template_pairs, 3, "template_pairs")
+    pairs = _ids(template_pairs, "template_pairs", (None, 3))
     first = _template_rows(template_ids.cpu(), pairs[:, 0], 0).to(features.device)
     second = _template_rows(template_ids.cpu(), pairs[:, 1], 1).to(features.device)
     scores = torch.empty(pairs.shape[0], dtype=torch.float64)

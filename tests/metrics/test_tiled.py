@@ -25,6 +25,17 @@ SEARCH = tiled.tiled_search
 
 BINARY = ["recall@1", "recall@3", "recall@20", "precision@1", "precision@4", "true_recall@2", "true_recall@5",
           "map@r", "map@3", "map", "mrr"]  # fmt: skip
+TOPK = [name for name in BINARY if name not in ("map", "mrr")]
+
+
+@pytest.fixture(params=["counted", "heaps"])
+def path(request, monkeypatch):
+    """The metric names for each tiled path: every binary metric from counted ranks (no lists), or top-k
+    metrics alone from top-k heaps (forced: the tests' classes are small enough to be counted)."""
+    if request.param == "heaps":
+        monkeypatch.setattr(ev, "COUNTED_TOPK_POSITIVES", 0)
+        return TOPK
+    return BINARY
 
 
 @pytest.fixture
@@ -37,6 +48,7 @@ def small_tiles(monkeypatch):
     def use(tile: int = 8, capacity: int | None = None, threads: int = 3) -> None:
         monkeypatch.setattr(torch, "get_num_threads", lambda: threads)  # row and column ranges run in a pool
         monkeypatch.setattr(tiled, "TILE", tile)
+        monkeypatch.setattr(tiled, "SELF_COUNT_TILE", tile)
         monkeypatch.setattr(tiled, "POSITIVE_RANGE", 2 * tile)
         monkeypatch.setattr(tiled, "tiled_search", functools.partial(SEARCH, candidate_capacity=capacity))
 
@@ -59,12 +71,12 @@ def _both(x, y, xr=None, yr=None, names=BINARY, similarity="dot", **kwargs):
 
 @pytest.mark.parametrize("seed", range(10))
 @pytest.mark.parametrize(("tile", "threads"), [(5, 3), (8, 1), (64, 2)])
-def test_self_retrieval_against_brute_force(seed, tile, threads, small_tiles):
+def test_self_retrieval_against_brute_force(seed, tile, threads, small_tiles, path):
     small_tiles(tile, threads=threads)
     ties = seed % 3 != 0
     x, y = _case(seed, n=45, num_classes=11, ties=ties)
-    got, chunked = _both(x, y, similarity="dot" if ties else "cosine")
-    want, without = reference.evaluate(x, y, None, None, BINARY, "dot" if ties else "cosine")
+    got, chunked = _both(x, y, names=path, similarity="dot" if ties else "cosine")
+    want, without = reference.evaluate(x, y, None, None, path, "dot" if ties else "cosine")
     copies._assert_close(got.metrics, want)
     assert got.metrics == chunked.metrics
     assert got.num_queries_without_positive == without
@@ -78,25 +90,26 @@ def test_overflowing_candidate_buffers_fall_back_to_the_column_scan(seed, small_
     calls = []
     fallback = _tile_kernels.column_heaps_pass
     monkeypatch.setattr(_tile_kernels, "column_heaps_pass", lambda *a: (calls.append(1), fallback(*a))[1])
+    monkeypatch.setattr(ev, "COUNTED_TOPK_POSITIVES", 0)
     small_tiles(8, capacity=1)
     x, y = _case(seed, n=40, num_classes=9, ties=True)
-    got, _ = _both(x, y)
-    want, _ = reference.evaluate(x, y, None, None, BINARY, "dot")
+    got, _ = _both(x, y, names=TOPK)
+    want, _ = reference.evaluate(x, y, None, None, TOPK, "dot")
     copies._assert_close(got.metrics, want)
     assert calls, "no tile overflowed: the fallback was not exercised"
 
 
 @pytest.mark.parametrize("seed", range(8))
 @pytest.mark.parametrize("similarity", ["dot", "neg_l2", "cosine"])
-def test_separate_gallery_against_brute_force(seed, similarity, small_tiles):
+def test_separate_gallery_against_brute_force(seed, similarity, small_tiles, path):
     """Gallery classes absent from the queries and query classes absent from the gallery; the positive
     ranges straddle tiles, so the skipped column ranges are exercised."""
     small_tiles(6)
     ties = similarity != "cosine"
     x, y = _case(seed, n=25, num_classes=9, ties=ties)
     xr, yr = _case(seed + 100, n=50, num_classes=12, ties=ties)
-    got, chunked = _both(x, y, xr, yr, similarity=similarity)
-    want, without = reference.evaluate(x, y, xr, yr, BINARY, similarity)
+    got, chunked = _both(x, y, xr, yr, names=path, similarity=similarity)
+    want, without = reference.evaluate(x, y, xr, yr, path, similarity)
     copies._assert_close(got.metrics, want)
     assert got.metrics == chunked.metrics
     assert got.num_queries_without_positive == without
@@ -104,11 +117,11 @@ def test_separate_gallery_against_brute_force(seed, similarity, small_tiles):
 
 @pytest.mark.parametrize("seed", range(8))
 @pytest.mark.parametrize("mode", ["mixed", "all", "any"])
-def test_query_copies_excluded_by_index(seed, mode, small_tiles):
+def test_query_copies_excluded_by_index(seed, mode, small_tiles, path):
     """A gallery holding copies of the queries (tied with them), some exclusions pointing at unrelated items."""
     small_tiles(4)
     x, y, xr, yr, index = copies._case(seed, num_queries=16, num_others=30, copies=mode)
-    names = BINARY
+    names = path
     got = evaluate(*map(torch.as_tensor, (x, y, xr, yr)), metrics=names, similarity="dot",
                    query_ref_index=torch.as_tensor(index), method="tiled")
     want, without = copies._brute_force(x, y, xr, yr, index, names)
@@ -116,21 +129,21 @@ def test_query_copies_excluded_by_index(seed, mode, small_tiles):
     assert got.num_queries_without_positive == without
 
 
-@pytest.mark.parametrize("count_positives", [True, False])
-def test_lists_holding_the_whole_retrieval_set(count_positives, small_tiles):
-    """``recall@100`` on 30 items: every list holds the whole retrieval set."""
+def test_lists_holding_the_whole_retrieval_set(small_tiles, path):
+    """``recall@100`` on 30 items: every list holds the whole retrieval set (every rank is below the cut-off)."""
     small_tiles(8)
     x, y = _case(1, n=30, num_classes=6, ties=True)
-    names = ["recall@100", "precision@10", "map@r"] + (["map", "mrr"] if count_positives else [])
+    names = ["recall@100", "precision@10", "map@r"] + (["map", "mrr"] if "map" in path else [])
     got, _ = _both(x, y, names=names)
     want, _ = reference.evaluate(x, y, None, None, names, "dot")
     copies._assert_close(got.metrics, want)
 
 
-def test_float32_and_large_classes_for_top_k_metrics(small_tiles):
-    """Top-k metrics alone need no thresholds: classes of any size, float32 embeddings."""
+@pytest.mark.parametrize("num_classes", [2, 30])
+def test_float32_and_large_classes_for_top_k_metrics(num_classes, small_tiles):
+    """Top-k metrics alone: classes of any size (60 items: heaps; 4: counted ranks), float32 embeddings."""
     small_tiles(16)
-    x, y = _case(4, n=120, num_classes=2, ties=True)
+    x, y = _case(4, n=120, num_classes=num_classes, ties=True)
     names = ["recall@1", "recall@10", "precision@5", "map@r"]
     x32 = torch.as_tensor(x, dtype=torch.float32)
     got = evaluate(x32, torch.as_tensor(y), metrics=names, similarity="dot", method="tiled")
@@ -140,16 +153,19 @@ def test_float32_and_large_classes_for_top_k_metrics(small_tiles):
     copies._assert_close(got.metrics, want)
 
 
-def test_tiled_search_lists_and_ranks_against_the_definitions():
+@pytest.mark.parametrize(("k", "threads"), [(7, 2), (0, 2), (0, 3)])
+def test_tiled_search_lists_and_ranks_against_the_definitions(k, threads, monkeypatch):
     """The raw outputs: each top-k list holds the k best scores of the retrieval set, and each rank is
-    ``#{k in Omega : s_k >= t_p}`` for the positive's score ``t_p``."""
+    ``#{k in Omega : s_k >= t_p}`` for the positive's score ``t_p`` (``k = 0``: the counts alone, the
+    threads' column counts added at the end)."""
+    monkeypatch.setattr(torch, "get_num_threads", lambda: threads)
     rng = np.random.default_rng(0)
     x = torch.as_tensor(rng.integers(-2, 3, size=(50, 4)).astype(np.float64))
     y = torch.as_tensor(rng.integers(0, 12, size=50))
-    found = SEARCH(x, y, None, y, torch.arange(50), k=7, count_positives=True,
+    found = SEARCH(x, y, None, y, torch.arange(50), k=k, count_positives=True,
                                            similarity="dot", tile=8, candidate_capacity=2)
     s = (x @ x.T).fill_diagonal_(float("-inf"))
-    assert torch.equal(found.values, s.topk(7, dim=1).values)
+    assert torch.equal(found.values, s.topk(k, dim=1).values)
     assert torch.equal(s.gather(1, found.indices), found.values)
     for i in range(50):
         positives = [j for j in range(50) if j != i and y[j] == y[i]]
@@ -201,6 +217,20 @@ def test_method_choice_and_refusals(monkeypatch):
         evaluate(x, y, metrics=["recall@1"], method="tiled", backend="faiss")
 
 
+def test_small_classes_count_ranks_instead_of_keeping_lists(monkeypatch):
+    """Top-k metrics alone: counted ranks (``k = 0``) up to ``COUNTED_TOPK_POSITIVES`` positives per query,
+    top-k heaps above; with ``map``/``mrr``, always counted ranks. Values equal the chunked path's."""
+    calls = []
+    real = tiled.tiled_search
+    monkeypatch.setattr(tiled, "tiled_search", lambda *a, **k: (calls.append(k), real(*a, **k))[1])
+    x = torch.as_tensor(_case(3, n=60, num_classes=1, ties=False)[0])
+    for class_size, names, want_k in [(4, TOPK, 0), (20, TOPK, 21), (20, BINARY, 0)]:
+        y = torch.arange(60) // class_size
+        got = evaluate(x, y, metrics=names, method="tiled")
+        assert calls[-1]["k"] == want_k and calls[-1]["count_positives"] == (want_k == 0)
+        assert got.metrics == pytest.approx(evaluate(x, y, metrics=names, method="chunked").metrics, abs=1e-12)
+
+
 def test_evaluate_embeddings_method_flag(tmp_path, capsys):
     from rankopt.cli import main
 
@@ -219,11 +249,12 @@ def test_evaluate_embeddings_method_flag(tmp_path, capsys):
 
 @pytest.mark.parametrize("seed", range(6))
 @pytest.mark.parametrize("separate", [False, True])
-def test_deep_lists_filled_above_a_selection_floor(seed, separate, small_tiles):
+def test_deep_lists_filled_above_a_selection_floor(seed, separate, small_tiles, monkeypatch):
     """Lists of 41 (``recall@40``, ``map@40``): a heap that is empty or only partly filled by a short
     positive tile is filled from the scores above a floor drawn from chunk maxima, in one selection."""
     small_tiles(128, threads=2)
-    names = ["recall@1", "recall@40", "precision@40", "map@40", "map@r", "map"]
+    monkeypatch.setattr(ev, "COUNTED_TOPK_POSITIVES", 0)
+    names = ["recall@1", "recall@40", "precision@40", "map@40", "map@r"]
     ties = seed % 2 == 0
     x, y = _case(seed, n=260, num_classes=40, ties=ties, dim=4)
     xr, yr = _case(seed + 50, n=400, num_classes=60, ties=ties, dim=4) if separate else (None, None)

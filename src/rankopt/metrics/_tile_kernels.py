@@ -224,6 +224,48 @@ def column_floors(col_heap_values, num_columns):  # pragma: no cover - compiled
     return floors, roots
 
 
+@nb.njit(inline="always", nogil=True)
+def _add_row_counts(row, thresholds, npos, counts):  # pragma: no cover - compiled
+    """``counts[p] += #{j : row[j] >= thresholds[p]}`` for the row's first ``npos`` thresholds."""
+    for p in range(npos):
+        t = thresholds[p]
+        c = 0
+        for j in range(row.shape[0]):
+            c += row[j] >= t
+        counts[p] += c
+
+
+@nb.njit(inline="always", nogil=True)
+def _add_column_counts(scores, i0, i1, col_thresholds_t, num_thresholds, column_acc, offset):  # pragma: no cover - compiled
+    """``column_acc[p, offset + j] += #{i in [i0, i1) : scores[i, j] >= col_thresholds_t[p, offset + j]}``,
+    ``p < num_thresholds``; :data:`ROW_GROUP` rows at once: one load and store of the counts per column."""
+    n = scores.shape[1]
+    for p in range(num_thresholds):
+        a, t = column_acc[p, offset : offset + n], col_thresholds_t[p, offset : offset + n]
+        if i1 - i0 == ROW_GROUP:
+            r0, r1, r2, r3 = scores[i0], scores[i0 + 1], scores[i0 + 2], scores[i0 + 3]
+            for j in range(n):
+                a[j] += (r0[j] >= t[j]) + (r1[j] >= t[j]) + (r2[j] >= t[j]) + (r3[j] >= t[j])
+        else:
+            for i in range(i0, i1):
+                row = scores[i]
+                for j in range(n):
+                    a[j] += row[j] >= t[j]
+
+
+@nb.njit(nogil=True, cache=True)
+def pair_counts(scores, lo, hi, row_thresholds, row_npos, row_counts, col_thresholds_t, num_col_thresholds, column_acc,
+                col_offset):  # pragma: no cover - compiled
+    """The counts alone of an off-diagonal tile of a symmetric product (no heaps), rows ``[lo, hi)``:
+    ``row_counts`` as :func:`rows_pass`, and the columns' counts into ``column_acc`` at ``col_offset``
+    (the tile's first column in the full ``(P, N)`` accumulator) as :func:`pair_pass`."""
+    for i0 in range(lo, hi, ROW_GROUP):
+        i1 = min(i0 + ROW_GROUP, hi)
+        for i in range(i0, i1):
+            _add_row_counts(scores[i], row_thresholds[i], row_npos[i], row_counts[i])
+        _add_column_counts(scores, i0, i1, col_thresholds_t, num_col_thresholds, column_acc, col_offset)
+
+
 @nb.njit(nogil=True, cache=True)
 def pair_pass(scores, lo, hi, col_base, row_heap_values, row_heap_ids, row_thresholds, row_npos, row_counts,
               col_roots, floors, col_thresholds_t, column_acc, candidates, candidate_rows, candidate_cols):  # pragma: no cover - compiled
@@ -238,7 +280,6 @@ def pair_pass(scores, lo, hi, col_base, row_heap_values, row_heap_ids, row_thres
     n = scores.shape[1]
     k = row_heap_values.shape[1]
     capacity = candidates.shape[0]
-    num_thresholds = col_thresholds_t.shape[0]
     num_chunks = floors.shape[0]
     found = 0
     for i0 in range(lo, hi, ROW_GROUP):
@@ -246,7 +287,7 @@ def pair_pass(scores, lo, hi, col_base, row_heap_values, row_heap_ids, row_thres
         for i in range(i0, i1):
             row = scores[i]
             root = row_heap_values[i, 0] if k > 0 else np.inf
-            for q in range(num_chunks):
+            for q in range(num_chunks if k > 0 else 0):  # rows and columns have heaps of the same k
                 j0 = q * PROBE
                 j1 = min(n, j0 + PROBE)
                 best = _chunk_max(row, j0, j1)
@@ -263,23 +304,8 @@ def pair_pass(scores, lo, hi, col_base, row_heap_values, row_heap_ids, row_thres
                                 candidate_rows[found] = i
                                 candidate_cols[found] = j
                             found += 1
-            for p in range(row_npos[i]):
-                t = row_thresholds[i, p]
-                c = 0
-                for j in range(n):
-                    c += row[j] >= t
-                row_counts[i, p] += c
-        for p in range(num_thresholds):
-            a, t = column_acc[p], col_thresholds_t[p]
-            if i1 - i0 == ROW_GROUP:  # four rows at once: one load and store of the counts per column
-                r0, r1, r2, r3 = scores[i0], scores[i0 + 1], scores[i0 + 2], scores[i0 + 3]
-                for j in range(n):
-                    a[j] += (r0[j] >= t[j]) + (r1[j] >= t[j]) + (r2[j] >= t[j]) + (r3[j] >= t[j])
-            else:
-                for i in range(i0, i1):
-                    row = scores[i]
-                    for j in range(n):
-                        a[j] += row[j] >= t[j]
+            _add_row_counts(row, row_thresholds[i], row_npos[i], row_counts[i])
+        _add_column_counts(scores, i0, i1, col_thresholds_t, col_thresholds_t.shape[0], column_acc, 0)
     return found
 
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import torch
 
-from rankopt.metrics.ranking import count_at_least, cumulative_at_ranks
+from rankopt.metrics.ranking import cumulative_at_ranks
 
 
 def topk_metrics(
@@ -43,7 +43,7 @@ def topk_metrics(
     out = {}
     for name, family, k in requests:
         cut = num_pos.to(torch.int64).unsqueeze(1) if family == "map@r" else torch.full_like(ranks[:, :1], k)
-        length = torch.searchsorted(ranks, cut, right=True)  # (Q, 1) items with rank <= cut
+        length = torch.searchsorted(ranks.contiguous(), cut, right=True)  # (Q, 1) items with rank <= cut
         end = (length - 1).clamp(min=0)
 
         def at_end(prefix: torch.Tensor) -> torch.Tensor:
@@ -62,16 +62,6 @@ def topk_metrics(
     return out
 
 
-def full_ap_and_mrr(scores: torch.Tensor, pos_scores: torch.Tensor, valid: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Full-ranking AP and reciprocal rank without sorting the ``(Q, R)`` chunk.
-
-    ``pos_scores``/``valid``: ``(Q, P)`` scores of the positives (padding not valid).
-    ``rank(j)`` is counted over the chunk row, ``rank+(j)`` among the positives.
-    """
-    t, ok = sorted_positive_scores(pos_scores, valid, scores.dtype)
-    return ap_and_mrr_from_counts(t, ok, count_at_least(scores, t))
-
-
 def sorted_positive_scores(pos_scores: torch.Tensor, valid: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
     """``(t, ok)``: each row's positives' scores in decreasing order, padding (``ok`` False) last, trimmed to the widest row."""
     t = pos_scores.masked_fill(~valid, float("-inf")).to(dtype)
@@ -81,16 +71,42 @@ def sorted_positive_scores(pos_scores: torch.Tensor, valid: torch.Tensor, dtype:
     return t[:, :width], ok[:, :width]
 
 
-def ap_and_mrr_from_counts(t: torch.Tensor, ok: torch.Tensor, counts: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """AP (TPAMI Eq. 33) and reciprocal rank from the sorted positives' scores ``t``/``ok`` of
-    :func:`sorted_positive_scores` and ``counts = rank(j) = #{k : s_k >= t_j}`` over the retrieval set."""
-    ranks = counts.to(torch.float64)
-    rank_plus = ((t.unsqueeze(1) >= t.unsqueeze(2)) & ok.unsqueeze(1)).sum(dim=2).to(torch.float64)
+def from_positive_ranks(
+    t: torch.Tensor, ok: torch.Tensor, ranks: torch.Tensor, requests: list[tuple[str, str, int]]
+) -> dict[str, torch.Tensor]:
+    """Every binary metric from the positives' ranks alone, no ranked list.
+
+    ``t``/``ok``: ``(Q, P)`` the positives' scores, decreasing, padding (``ok`` False) last, as
+    :func:`sorted_positive_scores`; ``ranks``: ``(Q, P)`` ``rank(j) = #{k in Omega : s_k >= t_j}``
+    over the retrieval set; ``requests``: ``(name, family, k)``, any family of this module. Each
+    metric above is a sum over the positives of a function of ``rank(j)`` and ``rank+(j)``, the
+    cut-offs selecting the positives with ``rank(j) <= k``: the cost is ``O(Q P^2)``, whatever ``k``.
+    """
     num_pos = ok.sum(dim=1).to(torch.float64)
-    ap = torch.where(ok, rank_plus / ranks, 0.0).sum(dim=1) / num_pos
-    rr = 1.0 / ranks[:, 0]
     has_pos = num_pos > 0
-    return torch.where(has_pos, ap, torch.nan), torch.where(has_pos, rr, torch.nan)
+    rank = ranks.to(torch.float64)
+    rank_plus = ((t.unsqueeze(1) >= t.unsqueeze(2)) & ok.unsqueeze(1)).sum(dim=2).to(torch.float64)
+    precision = torch.where(ok, rank_plus / rank, 0.0)  # rank+(j) / rank(j) at each positive
+    out = {}
+    for name, family, k in requests:
+        if family == "map":
+            value = precision.sum(dim=1) / num_pos
+        elif family == "mrr":
+            value = 1.0 / rank[:, 0]
+        else:
+            cut = num_pos.unsqueeze(1) if family == "map@r" else float(k)
+            within = ok & (rank <= cut)
+            hits = within.sum(dim=1).to(torch.float64)
+            if family == "recall":
+                value = (hits > 0).to(torch.float64)
+            elif family == "precision":
+                value = hits / k
+            elif family == "true_recall":
+                value = hits / num_pos.clamp(max=k)
+            else:
+                value = torch.where(within, precision, 0.0).sum(dim=1) / (num_pos if family == "map@r" else num_pos.clamp(max=k))
+        out[name] = torch.where(has_pos, value, torch.nan)
+    return out
 
 
 def full_ap_from_list(ranks: torch.Tensor, positive: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -11,11 +11,11 @@ Conventions (see the metric modules for the formulas):
   metrics, no item at level >= 1 for H-AP/ΣwAP/ASI, zero ideal gain for NDCG, no positive
   at the level for ``ap@level{c}``) is excluded from that metric's average and counted in
   ``num_excluded``; ``num_queries_without_positive`` counts queries without a finest-level positive.
-* Top-k metrics come from an exact top-``K`` (``K`` = deepest cut-off, ``max R`` for ``map@r``,
-  plus one item to resolve boundary ties): per query chunk, or, in self-retrieval with top-k
-  metrics only, over the tiles of the upper triangle of the symmetric score matrix (half the
-  products). ``map`` and ``mrr`` count, per positive, the items scoring at least as high,
-  without sorting (on CPU above :data:`TILED_MIN_SCORES` pairs, all binary metrics come from one
+* Top-k metrics alone come from an exact top-``K`` (``K`` = deepest cut-off, ``max R`` for ``map@r``,
+  plus one item to resolve boundary ties): per query chunk, or, in self-retrieval, over the tiles
+  of the upper triangle of the symmetric score matrix (half the products). With ``map`` or ``mrr``,
+  each positive's rank is counted (the items scoring at least as high, no sort), and every binary
+  metric, the top-k ones included, is a function of those ranks: no list is built (on CPU above :data:`TILED_MIN_SCORES` pairs, all binary metrics come from one
   pass of compiled kernels over tiles of the product: :mod:`rankopt.metrics.tiled`); hierarchical
   metrics sort each chunk row's values (no indices) and rank each query's relevant items in them;
   classes larger than ``MAX_COUNTED_POSITIVES`` make ``map``/``mrr`` sort each chunk row. The
@@ -39,13 +39,7 @@ import torch
 from tqdm.auto import tqdm
 
 from rankopt.checks import check_embeddings, check_labels
-from rankopt.metrics.binary import (
-    ap_and_mrr_from_counts,
-    full_ap_and_mrr,
-    full_ap_from_list,
-    sorted_positive_scores,
-    topk_metrics,
-)
+from rankopt.metrics.binary import from_positive_ranks, full_ap_from_list, sorted_positive_scores, topk_metrics
 from rankopt.metrics.hierarchical import LevelIndex, RankedLevels, argsort_descending, hierarchical_metrics
 from rankopt.metrics.ranking import ClassIndex, count_at_least, list_ranks
 from rankopt.metrics import tiled
@@ -67,6 +61,7 @@ ALL_METRICS = ("recall@1", "recall@10", "recall@100", "true_recall@10", "precisi
                "map", "mrr", "h-ap", "sum_wap", "asi", "ndcg")  # fmt: skip
 OPTIONS = ("alpha", "weights", "gains")
 MAX_COUNTED_POSITIVES = 32  # above this many positives in a chunk, map/mrr sort the chunk instead
+COUNTED_TOPK_POSITIVES = 16  # method="tiled", top-k metrics alone: counted ranks up to this many positives per query, heaps above (measured crossover)
 SELF_BLOCK = 4096  # tile size of the symmetric self-retrieval top-k
 TILED_MIN_SCORES = 2**27  # method="auto": the tiled kernels above this many query-reference pairs (about 11.6k x 11.6k)
 METHODS = ("auto", "tiled", "chunked")
@@ -317,6 +312,7 @@ class _Context:
         self.topk = [(s.name, s.family, s.k) for s in specs if s.kind == "topk"]
         self.hierarchical = [(s.name, s.family, s.k) for s in specs if s.kind == "hierarchical"]
         self.full_binary = any(s.kind == "full" for s in specs)
+        self.binary = [(s.name, s.family, s.k) for s in specs if s.kind in ("topk", "full")]
         cuts = [s.k for s in specs if s.kind == "topk" and s.family != "map@r"]
         if any(s.family == "map@r" for s in specs):
             cuts.append(int(self.num_pos.max()))
@@ -350,13 +346,12 @@ class _Context:
             idx, levels = self.level_index.relevant(self.q_labels[rows], None if self.own is None else self.own[rows])
             ranked = RankedLevels.from_scores(scores, idx, levels, self.sizes[rows], self.num_levels)
             per_query |= hierarchical_metrics(ranked, self.hierarchical, **self.options)  # type: ignore[arg-type]
-        if not (self.full_binary and int(num_pos.max()) > MAX_COUNTED_POSITIVES):
-            if self.topk:
-                per_query |= self.from_lists(*scores.topk(self.list_len, dim=1), rows)
-            if self.full_binary:
-                idx, valid = self.classes.members(q_fine[:, 0], None if self.own is None else self.own[rows])
-                per_query["map"], per_query["mrr"] = full_ap_and_mrr(scores, scores.gather(1, idx), valid)
-            return per_query
+        if not self.full_binary:
+            return per_query | (self.from_lists(*scores.topk(self.list_len, dim=1), rows) if self.topk else {})
+        if int(num_pos.max()) <= MAX_COUNTED_POSITIVES:  # every binary metric from the positives' counted ranks
+            idx, valid = self.classes.members(q_fine[:, 0], None if self.own is None else self.own[rows])
+            t, ok = sorted_positive_scores(scores.gather(1, idx), valid, scores.dtype)
+            return per_query | from_positive_ranks(t, ok, count_at_least(scores, t), self.binary)
         order = argsort_descending(scores)  # excluded items (-inf) are last
         values = scores.gather(1, order)
         sizes = self.sizes[rows]
@@ -373,8 +368,9 @@ class _Context:
     def from_blocks(self, query: torch.Tensor, ref: torch.Tensor, similarity: str, block_size: int, rows: slice) -> dict[str, torch.Tensor]:
         """Top-k metrics, ``map`` and ``mrr`` of the prepared query rows ``rows``, the reference set read in blocks.
 
-        Top-k: the per-block top-``K`` lists merged, then :meth:`from_lists`. ``map``/``mrr``: a first
-        pass gathers each positive's score (its rows known by label), a second counts, block by block,
+        Top-k metrics alone: the per-block top-``K`` lists merged, then :meth:`from_lists`. With
+        ``map``/``mrr``, every metric comes from the positives' ranks: a first pass gathers each
+        positive's score (its rows known by label), a second counts, block by block,
         ``rank(j) = #{k : s_k >= s_j}`` (excluded items are ``-inf``: never counted).
         """
         own = None if self.own is None else self.own[rows]
@@ -385,19 +381,18 @@ class _Context:
             idx, valid = self.classes.members(self.q_labels[rows, 0], own)
             pos_scores = torch.zeros(idx.shape, dtype=query.dtype, device=query.device)
         for start, scores in blocks():
-            if self.topk:
-                top, pos = scores.topk(min(self.list_len, scores.shape[1]), dim=1)
-                values, order = merge_topk(values, order, top, pos + start, self.list_len)
             if self.full_binary:
                 local = idx - start
                 inside = (local >= 0) & (local < scores.shape[1])
                 pos_scores = torch.where(inside, scores.gather(1, local.clamp(0, scores.shape[1] - 1)), pos_scores)
-        per_query = self.from_lists(values, order, rows) if self.topk else {}
-        if self.full_binary:
-            t, ok = sorted_positive_scores(pos_scores, valid, query.dtype)
-            counts = sum(count_at_least(scores, t) for _, scores in blocks())
-            per_query["map"], per_query["mrr"] = ap_and_mrr_from_counts(t, ok, counts)
-        return per_query
+            else:
+                top, pos = scores.topk(min(self.list_len, scores.shape[1]), dim=1)
+                values, order = merge_topk(values, order, top, pos + start, self.list_len)
+        if not self.full_binary:
+            return self.from_lists(values, order, rows)
+        t, ok = sorted_positive_scores(pos_scores, valid, query.dtype)
+        counts = sum(count_at_least(scores, t) for _, scores in blocks())
+        return from_positive_ranks(t, ok, counts, self.binary)
 
     def from_ranked(self, values: torch.Tensor, order: torch.Tensor, rows: slice | torch.Tensor) -> dict[str, torch.Tensor]:
         """The binary metrics from whole ranked retrieval sets (``values`` sorted decreasingly, references ``order``)."""
@@ -442,12 +437,14 @@ def _per_query_metrics(
             raise ValueError(f"method='tiled' needs {', '.join(reasons)}; use method='chunked' or 'auto'")
         use_tiles = not reasons and (method == "tiled" or query.shape[0] * ctx.num_refs >= TILED_MIN_SCORES)
     if use_tiles:
+        # with small classes, each positive's rank is counted and every binary metric follows: no top-k lists
+        counted = ctx.full_binary or int(ctx.num_pos.max()) <= COUNTED_TOPK_POSITIVES
         found = tiled.tiled_search(query, ctx.q_labels[:, 0], gallery, ctx.r_labels[:, 0], ctx.own,
-                                   k=ctx.list_len if ctx.topk else 0, count_positives=ctx.full_binary, similarity=similarity, tile=tiled.TILE)
-        per_query = ctx.from_lists(found.values, found.indices, everything) if ctx.topk else {}
-        if ctx.full_binary:
-            per_query["map"], per_query["mrr"] = ap_and_mrr_from_counts(found.positive_scores, found.positive_valid, found.ranks)
-        yield per_query
+                                   k=0 if counted else ctx.list_len, count_positives=counted, similarity=similarity)
+        if counted:
+            yield from_positive_ranks(found.positive_scores, found.positive_valid, found.ranks, ctx.binary)
+        else:
+            yield ctx.from_lists(found.values, found.indices, everything)
     elif backend == "faiss":
         lists = faiss_topk(query, gallery, ctx.list_len, similarity=similarity, use_gpu=query.device.type == "cuda", exclude=ctx.own)
         yield ctx.from_lists(*lists, everything)

@@ -1,12 +1,13 @@
 """Exact binary retrieval metrics on CPU in one pass over tiles of the score matrix.
 
-The binary metrics need two things from the ``Q x R`` scores: each query's top-``K`` list
-(recall, precision, true recall, mAP@R, mAP@k) and, for each positive ``j``,
-``rank(j) = #{k in Omega : s_k >= s_j}`` (mAP, MRR). :func:`tiled_search` gets both from one pass
-over ``TILE x TILE`` tiles of the product, each read once by a compiled kernel
-(:mod:`rankopt.metrics._tile_kernels`) that keeps a bounded heap of the ``K`` best scores per
-query and counts the negatives scoring at least each positive's score: no sort, no ``(Q, R)``
-matrix, no ``torch.topk`` over whole tiles.
+Every binary metric is a function of the positives' pessimistic ranks
+``rank(j) = #{k in Omega : s_k >= s_j}`` (:func:`rankopt.metrics.binary.from_positive_ranks`);
+a top-``K`` list is needed only where counting costs more than keeping it (top-k metrics alone,
+classes of more than a few positives) or where the list itself is wanted. :func:`tiled_search`
+gets the ranks and, if asked, the lists from one pass over tiles of the product, each read once
+by a compiled kernel (:mod:`rankopt.metrics._tile_kernels`) that counts the items scoring at
+least each positive's score and keeps a bounded heap of the ``K`` best scores per query: no sort,
+no ``(Q, R)`` matrix, no ``torch.topk`` over whole tiles.
 
 A count ``#{k : s_k >= t_j}`` needs the threshold ``t_j = s_j`` before the tiles are read, and it
 must be the very value the tiles hold, or ties break. Queries and references are therefore
@@ -15,6 +16,11 @@ range of references, its *positive tile*, computed first: the thresholds are rea
 every later tile of the block holds negatives only. In self-retrieval the blocks end at class
 boundaries, the positive tiles are the diagonal tiles, and each off-diagonal tile serves its rows
 and, transposed, its columns: half the products, as :func:`rankopt.metrics.search.self_topk`.
+
+Threads: each pool thread owns a share of every block's rows, computes its rows of each tile and
+serves them, without waiting for the others (rows are never shared); columns (self-retrieval)
+are counted into one accumulator per thread, added at the end. Only column heaps are shared:
+with them, the threads meet at every off-diagonal tile (:class:`_PairPass`).
 """
 
 from __future__ import annotations
@@ -29,7 +35,8 @@ import torch
 
 from rankopt.similarity import pairwise, prepare
 
-TILE = 2048  # rows and columns of a tile (16 MiB of float32 scores: the product stays in the cache for its kernel)
+TILE = 2048  # rows and columns of a tile (measured fastest with top-k heaps, and for a separate gallery)
+SELF_COUNT_TILE = 1024  # self-retrieval without heaps: smaller diagonal tiles, half the products computed twice
 POSITIVE_RANGE = 8192  # most references in one query block's positive tile (separate gallery)
 
 
@@ -111,7 +118,7 @@ def tiled_search(
     k: int,
     count_positives: bool,
     similarity: str = "cosine",
-    tile: int = TILE,
+    tile: int | None = None,
     candidate_capacity: int | None = None,
 ) -> TiledSearch:
     """Top-``k`` lists and positives' ranks of every query, exact (ties pessimistic), on CPU.
@@ -123,9 +130,11 @@ def tiled_search(
     candidates per thread of :class:`_PairPass` (default: an eighth of a tile, at least 65,536; tests make it tiny
     to exercise the fallback). Runs on ``torch.get_num_threads()`` threads; while it runs, torch itself is set
     to one thread (each pool thread computes its own rows of every product) and restored on return.
+    ``tile``: default :data:`SELF_COUNT_TILE` in self-retrieval without heaps (``k = 0``), else :data:`TILE`.
     """
     from rankopt.metrics import _tile_kernels as kernels  # noqa: PLC0415 - numba, imported on first use
 
+    tile = tile or (SELF_COUNT_TILE if ref is None and k == 0 else TILE)
     self_retrieval = ref is None
     num_queries = query.shape[0]
     num_refs = num_queries if self_retrieval else ref.shape[0]
@@ -150,62 +159,92 @@ def tiled_search(
     state = _State(num_queries, k, width, x_query.dtype)
     rows_max = max(q_hi - q_lo for q_lo, q_hi, _, _ in blocks)
     cols_max = max([tile, rows_max] + [r_hi - r_lo for _, _, r_lo, r_hi in blocks])
-    buffer = torch.empty(rows_max * cols_max, dtype=x_query.dtype)
-
-    def tile_of(rows: slice, cols: slice) -> torch.Tensor:
-        return buffer[: (rows.stop - rows.start) * (cols.stop - cols.start)].view(rows.stop - rows.start, cols.stop - cols.start)
-
-    def product(tile: torch.Tensor, rows: slice, cols: slice, lo: int, hi: int) -> np.ndarray:
-        """Rows ``[lo, hi)`` of the tile's scores, computed by the calling pool thread; the whole tile."""
-        pairwise(x_query[rows][lo:hi], x_ref[cols], similarity, prepared=True, out=tile[lo:hi])
-        return tile.numpy()
-
-    def own_in(rows: slice, col_lo: int, num_cols: int) -> np.ndarray:
-        local = own_sorted[rows] - col_lo
-        return torch.where((local >= 0) & (local < num_cols), local, -1).numpy()
-
-    def serve_rows(rows: slice, cols: slice, skip: tuple[int, int], check_labels: bool, computed: torch.Tensor | None = None) -> None:
-        """The tile's rows (their scores computed first by the same thread unless ``computed``)."""
-        tile = tile_of(rows, cols) if computed is None else computed
-        n = tile.shape[1]
-        args = (cols.start, *state.numpy(rows), own_in(rows, cols.start, n), *skip, q_labels[rows].numpy(),
-                r_labels[cols].numpy(), check_labels)
-
-        def job(_: int, lo: int, hi: int) -> None:
-            scores = tile.numpy() if computed is not None else product(tile, rows, cols, lo, hi)
-            kernels.rows_pass(scores, lo, hi, *args)
-
-        pool.run(job, tile.shape[0])
 
     with _Pool(torch.get_num_threads()) as pool:
-        for q_lo, q_hi, r_lo, r_hi in blocks:  # positive tiles: thresholds, then the tile's counts
-            if r_hi == r_lo:
-                continue
-            rows, cols = slice(q_lo, q_hi), slice(r_lo, r_hi)
-            positive = tile_of(rows, cols)
-            pool.run(lambda _, lo, hi: product(positive, rows, cols, lo, hi), q_hi - q_lo)
-            if width:
-                _read_thresholds(state, rows, positive, ref_starts[class_of_query[rows]] - r_lo,
-                                 ref_counts[class_of_query[rows]], own_sorted[rows] - r_lo)
-            serve_rows(rows, cols, (r_hi - r_lo, r_hi - r_lo), True, computed=positive)
-        if self_retrieval:
-            pairs = _PairPass(state, pool, rows_max, candidate_capacity)
-            for a, (a_lo, a_hi, _, _) in enumerate(blocks):  # off-diagonal tiles serve their rows and their columns
-                rows = slice(a_lo, a_hi)
-                for b_lo, b_hi, _, _ in blocks[a + 1 :]:
-                    cols = slice(b_lo, b_hi)
-                    pair = tile_of(rows, cols)
-                    pairs.serve(pair.numpy(), rows, cols, lambda lo, hi, pair=pair, rows=rows, cols=cols: product(pair, rows, cols, lo, hi))
-        else:
-            for q_lo, q_hi, r_lo, r_hi in blocks:  # every reference tile outside the block's positive range
-                rows = slice(q_lo, q_hi)
-                for c_lo in range(0, num_refs, tile):
+        buffers = [torch.empty(-(-rows_max // pool.threads) * cols_max, dtype=x_query.dtype) for _ in range(pool.threads)]
+
+        def scores_of(t: int, rows: slice, cols: slice) -> torch.Tensor:
+            """The scores of ``rows x cols``, computed by pool thread ``t`` into its own buffer."""
+            out = buffers[t][: (rows.stop - rows.start) * (cols.stop - cols.start)].view(rows.stop - rows.start, cols.stop - cols.start)
+            return pairwise(x_query[rows], x_ref[cols], similarity, prepared=True, out=out)
+
+        def serve_rows(scores: torch.Tensor, rows: slice, cols: slice, skip: tuple[int, int], check_labels: bool) -> None:
+            local = own_sorted[rows] - cols.start
+            own_in = torch.where((local >= 0) & (local < scores.shape[1]), local, -1).numpy()
+            kernels.rows_pass(scores.numpy(), 0, scores.shape[0], cols.start, *state.numpy(rows), own_in, *skip,
+                              q_labels[rows].numpy(), r_labels[cols].numpy(), check_labels)
+
+        def positive_tiles(t: int) -> None:
+            """Thread ``t``'s rows of every positive tile: their thresholds, then the tile's counts."""
+            for q_lo, q_hi, r_lo, r_hi in blocks:
+                rows, cols = pool.share(t, q_lo, q_hi), slice(r_lo, r_hi)
+                if r_hi == r_lo or rows.stop == rows.start:
+                    continue
+                scores = scores_of(t, rows, cols)
+                if width:
+                    _read_thresholds(state, rows, scores, ref_starts[class_of_query[rows]] - r_lo,
+                                     ref_counts[class_of_query[rows]], own_sorted[rows] - r_lo)
+                serve_rows(scores, rows, cols, (r_hi - r_lo, r_hi - r_lo), True)
+
+        def gallery_tiles(t: int) -> None:
+            """Thread ``t``'s rows of every reference tile outside the blocks' positive ranges (separate gallery)."""
+            for q_lo, q_hi, r_lo, r_hi in blocks:
+                rows = pool.share(t, q_lo, q_hi)
+                for c_lo in range(0, num_refs if rows.stop > rows.start else 0, tile):
                     n = min(c_lo + tile, num_refs) - c_lo
                     skip_lo, skip_hi = min(max(r_lo - c_lo, 0), n), min(max(r_hi - c_lo, 0), n)
                     if skip_lo == 0 and skip_hi == n:
                         continue
-                    serve_rows(rows, slice(c_lo, c_lo + n), (skip_lo, skip_hi) if skip_lo < skip_hi else (n, n), False)
+                    cols = slice(c_lo, c_lo + n)
+                    serve_rows(scores_of(t, rows, cols), rows, cols, (skip_lo, skip_hi) if skip_lo < skip_hi else (n, n), False)
+
+        pool.each(positive_tiles)  # rows are never shared between threads: no synchronisation inside a phase
+        if not self_retrieval:
+            pool.each(gallery_tiles)
+        elif k == 0:
+            _pair_counts(state, pool, blocks, scores_of)
+        else:
+            pairs = _PairPass(state, pool, rows_max, candidate_capacity)
+            buffer = torch.empty(rows_max * cols_max, dtype=x_query.dtype)
+            for a, (a_lo, a_hi, _, _) in enumerate(blocks):  # off-diagonal tiles serve their rows and their columns
+                rows = slice(a_lo, a_hi)
+                for b_lo, b_hi, _, _ in blocks[a + 1 :]:
+                    cols = slice(b_lo, b_hi)
+                    pair = buffer[: (a_hi - a_lo) * (b_hi - b_lo)].view(a_hi - a_lo, b_hi - b_lo)
+
+                    def product(lo: int, hi: int, pair: torch.Tensor = pair, rows: slice = rows, cols: slice = cols) -> None:
+                        pairwise(x_query[rows][lo:hi], x_ref[cols], similarity, prepared=True, out=pair[lo:hi])
+
+                    pairs.serve(pair.numpy(), rows, cols, product)
     return _result(state, q_order, r_order, own_sorted, own, width)
+
+
+def _pair_counts(state: _State, pool: _Pool, blocks: list[tuple[int, int, int, int]],
+                 scores_of: Callable[[int, slice, slice], torch.Tensor]) -> None:
+    """Off-diagonal tiles of a symmetric product without heaps (``k = 0``): each thread computes its rows of
+    every tile and counts for them and, into a ``(P, N)`` accumulator of its own, for the columns; the
+    accumulators are added at the end."""
+    from rankopt.metrics import _tile_kernels as kernels  # noqa: PLC0415
+
+    num_items, width = state.counts.shape
+    thresholds_t = state.thresholds.T.contiguous().numpy()
+    column_acc = np.zeros((pool.threads, width, num_items), dtype=np.int32)
+    npos = [int(state.npos[b_lo:b_hi].max()) if width else 0 for b_lo, b_hi, _, _ in blocks]
+
+    def tiles(t: int) -> None:
+        for a, (a_lo, a_hi, _, _) in enumerate(blocks):
+            rows = pool.share(t, a_lo, a_hi)
+            if rows.stop == rows.start:
+                continue
+            row_state = state.numpy(rows)
+            for b in range(a + 1, len(blocks)):
+                b_lo, b_hi = blocks[b][:2]
+                scores = scores_of(t, rows, slice(b_lo, b_hi)).numpy()
+                kernels.pair_counts(scores, 0, scores.shape[0], row_state[2], row_state[3], row_state[4], thresholds_t, npos[b],
+                                    column_acc[t], b_lo)
+
+    pool.each(tiles)
+    state.counts += torch.from_numpy(column_acc.sum(axis=0, dtype=np.int64).T)
 
 
 class _Pool:
@@ -224,6 +263,15 @@ class _Pool:
     def ranges(self, total: int) -> list[tuple[int, int]]:
         step = -(-total // self.threads)
         return [(lo, min(total, lo + step)) for lo in range(0, total, step)] or [(0, 0)]
+
+    def share(self, t: int, lo: int, hi: int) -> slice:
+        """Thread ``t``'s part of ``[lo, hi)`` (possibly empty)."""
+        step = -(-(hi - lo) // self.threads)
+        return slice(min(hi, lo + t * step), min(hi, lo + (t + 1) * step))
+
+    def each(self, work: Callable[[int], object]) -> None:
+        """``work(t)`` on every thread ``t`` at once; returns when all are done."""
+        self.run(lambda t, _lo, _hi: work(t), self.threads)
 
     def run(self, kernel: Callable[[int, int, int], object], total: int) -> list[object]:
         """``kernel(index, lo, hi)`` over the ranges of ``[0, total)``, in parallel; the results in order."""

@@ -78,10 +78,21 @@ def test_binary_separate_gallery(seed, similarity):
 
 @pytest.mark.parametrize("seed", range(6))
 def test_sort_path_equals_counting_path(seed, monkeypatch):
-    """With many positives the full-ranking binary metrics sort the chunk: same values."""
+    """With many positives the binary metrics take their ranks from each chunk row sorted without
+    indices (a binary search per positive): the brute-force values, self-retrieval or not."""
     x, y = _case(seed, n=40, num_classes=3, ties=seed % 2 == 0)
     monkeypatch.setattr(ev, "MAX_COUNTED_POSITIVES", 0)
-    _check(x, y, None, None, BINARY, "dot")
+    _check(x, y, None, None, BINARY, "dot", chunk_size=1 + seed % 5)
+    xr, yr = _case(seed + 7, n=30, num_classes=4, ties=seed % 2 == 0)
+    _check(x, y, xr, yr, BINARY, "dot", chunk_size=1 + seed % 5)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_binary_and_hierarchical_metrics_share_the_sorted_rows(seed, monkeypatch):
+    """Binary metrics by sorted rows next to hierarchical ones (one sort of each row serves both)."""
+    x, y = _case(seed, n=36, num_classes=6, ties=True, levels=2)
+    monkeypatch.setattr(ev, "MAX_COUNTED_POSITIVES", 0)
+    _check(x, y, None, None, BINARY + HIER, "dot", chunk_size=7)
 
 
 @pytest.mark.parametrize("seed", range(10))

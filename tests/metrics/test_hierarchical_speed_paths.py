@@ -18,7 +18,8 @@ import pytest
 import torch
 
 from rankopt.metrics import evaluate
-from rankopt.metrics.hierarchical import LevelIndex, RankedLevels, argsort_descending, count_below, hierarchical_metrics, sorted_rows
+from rankopt.metrics.hierarchical import LevelIndex, RankedLevels, argsort_descending, hierarchical_metrics
+from rankopt.metrics.ranking import count_below, sorted_rows
 from rankopt.metrics.ranking import list_ranks
 
 from . import reference

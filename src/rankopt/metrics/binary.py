@@ -19,8 +19,6 @@ from __future__ import annotations
 
 import torch
 
-from rankopt.metrics.ranking import cumulative_at_ranks
-
 
 def topk_metrics(
     ranks: torch.Tensor, positive: torch.Tensor, num_pos: torch.Tensor, requests: list[tuple[str, str, int]]
@@ -107,13 +105,3 @@ def from_positive_ranks(
                 value = torch.where(within, precision, 0.0).sum(dim=1) / (num_pos if family == "map@r" else num_pos.clamp(max=k))
         out[name] = torch.where(has_pos, value, torch.nan)
     return out
-
-
-def full_ap_from_list(ranks: torch.Tensor, positive: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """AP and reciprocal rank from complete ranked lists (``(Q, M)`` ranks and positive flags)."""
-    num_pos = positive.sum(dim=1).to(torch.float64)
-    precision = cumulative_at_ranks(positive, ranks).to(torch.float64) / ranks.to(torch.float64)
-    ap = (precision * positive).sum(dim=1) / num_pos
-    first = torch.where(positive, ranks, torch.iinfo(torch.int64).max).min(dim=1).values
-    has_pos = num_pos > 0
-    return torch.where(has_pos, ap, torch.nan), torch.where(has_pos, 1.0 / first.to(torch.float64), torch.nan)

@@ -14,12 +14,14 @@ Conventions (see the metric modules for the formulas):
 * Top-k metrics alone come from an exact top-``K`` (``K`` = deepest cut-off, ``max R`` for ``map@r``,
   plus one item to resolve boundary ties): per query chunk, or, in self-retrieval, over the tiles
   of the upper triangle of the symmetric score matrix (half the products). With ``map`` or ``mrr``,
-  each positive's rank is counted (the items scoring at least as high, no sort), and every binary
-  metric, the top-k ones included, is a function of those ranks: no list is built (on CPU above :data:`TILED_MIN_SCORES` pairs, all binary metrics come from one
-  pass of compiled kernels over tiles of the product: :mod:`rankopt.metrics.tiled`); hierarchical
-  metrics sort each chunk row's values (no indices) and rank each query's relevant items in them;
-  classes larger than ``MAX_COUNTED_POSITIVES`` make ``map``/``mrr`` sort each chunk row. The
-  full ``Q x R`` matrix is never materialised.
+  every binary metric, the top-k ones included, is a function of the positives' ranks
+  ``#{k : s_k >= t_p}``, and no list is built: each rank is counted (a pass over the row per
+  positive, no sort) or, for classes larger than ``MAX_COUNTED_POSITIVES``, read by a binary search
+  in the row sorted without indices. On CPU above :data:`TILED_MIN_SCORES` pairs, all binary
+  metrics come from one pass of compiled kernels over tiles of the product
+  (:mod:`rankopt.metrics.tiled`). Hierarchical metrics sort each chunk row's values (no indices)
+  and rank each query's relevant items in them (the binary ranks then share that sort). The full
+  ``Q x R`` matrix is never materialised.
 * ``ref_block_size`` (a reference set larger than memory, e.g. a memory-mapped ``.npy``): the
   reference set is read and prepared ``ref_block_size`` rows at a time, for each query chunk;
   top-k lists are merged block by block, and ``map``/``mrr`` gather the positives' scores in a
@@ -39,17 +41,18 @@ import torch
 from tqdm.auto import tqdm
 
 from rankopt.checks import check_embeddings, check_labels
-from rankopt.metrics.binary import from_positive_ranks, full_ap_from_list, sorted_positive_scores, topk_metrics
-from rankopt.metrics.hierarchical import LevelIndex, RankedLevels, argsort_descending, hierarchical_metrics
-from rankopt.metrics.ranking import ClassIndex, count_at_least, list_ranks
+from rankopt.metrics.binary import from_positive_ranks, sorted_positive_scores, topk_metrics
+from rankopt.metrics.hierarchical import LevelIndex, RankedLevels, hierarchical_metrics
+from rankopt.metrics.ranking import ClassIndex, count_at_least, count_below, list_ranks, sorted_rows
 from rankopt.metrics import tiled
+from rankopt.metrics.threads import ThreadPool
 from rankopt.metrics.search import (
     CHUNK_BUDGET_BYTES,
+    chunk_scorer,
     default_chunk_size,
     faiss_topk,
     merge_topk,
     ref_block_scores,
-    score_chunks,
     self_topk,
 )
 from rankopt.registry import Registry
@@ -340,30 +343,25 @@ class _Context:
         rows = slice(start, start + scores.shape[0])
         q_fine, num_pos = self.q_labels[rows, :1], self.num_pos[rows]
         per_query: dict[str, torch.Tensor] = {}
-        if self.hierarchical:  # from each query's relevant items and the row sorted without indices
+        ascending = None  # the rows sorted without indices, where a metric needs them
+        if self.hierarchical:  # from each query's relevant items and the sorted rows
             if self.level_index is None:
                 self.level_index = LevelIndex(self.r_labels)
             idx, levels = self.level_index.relevant(self.q_labels[rows], None if self.own is None else self.own[rows])
             ranked = RankedLevels.from_scores(scores, idx, levels, self.sizes[rows], self.num_levels)
             per_query |= hierarchical_metrics(ranked, self.hierarchical, **self.options)  # type: ignore[arg-type]
+            ascending = ranked.ascending
         if not self.full_binary:
             return per_query | (self.from_lists(*scores.topk(self.list_len, dim=1), rows) if self.topk else {})
-        if int(num_pos.max()) <= MAX_COUNTED_POSITIVES:  # every binary metric from the positives' counted ranks
-            idx, valid = self.classes.members(q_fine[:, 0], None if self.own is None else self.own[rows])
-            t, ok = sorted_positive_scores(scores.gather(1, idx), valid, scores.dtype)
-            return per_query | from_positive_ranks(t, ok, count_at_least(scores, t), self.binary)
-        order = argsort_descending(scores)  # excluded items (-inf) are last
-        values = scores.gather(1, order)
-        sizes = self.sizes[rows]
-        groups = sizes.unique().tolist()
-        if len(groups) == 1:  # one retrieval-set size: the whole chunk at once
-            return per_query | self.from_ranked(values[:, : groups[0]], order[:, : groups[0]], rows)
-        for size in groups:  # queries with and without an excluded item, each group on its own
-            sel = (sizes == size).nonzero().squeeze(1)
-            for name, part in self.from_ranked(values[sel, :size], order[sel, :size], sel + start).items():
-                per_query.setdefault(name, torch.full(sizes.shape, torch.nan, dtype=part.dtype, device=part.device))
-                per_query[name][sel] = part
-        return per_query
+        # every binary metric from the positives' ranks #{k : s_k >= t_p}: counted for a few positives,
+        # else R minus a binary search in the sorted row (excluded items, at -inf, are never counted)
+        idx, valid = self.classes.members(q_fine[:, 0], None if self.own is None else self.own[rows])
+        t, ok = sorted_positive_scores(scores.gather(1, idx), valid, scores.dtype)
+        if int(num_pos.max()) <= MAX_COUNTED_POSITIVES:
+            ranks = count_at_least(scores, t)
+        else:
+            ranks = scores.shape[1] - count_below(sorted_rows(scores) if ascending is None else ascending, t)
+        return per_query | from_positive_ranks(t, ok, ranks, self.binary)
 
     def from_blocks(self, query: torch.Tensor, ref: torch.Tensor, similarity: str, block_size: int, rows: slice) -> dict[str, torch.Tensor]:
         """Top-k metrics, ``map`` and ``mrr`` of the prepared query rows ``rows``, the reference set read in blocks.
@@ -393,18 +391,6 @@ class _Context:
         t, ok = sorted_positive_scores(pos_scores, valid, query.dtype)
         counts = sum(count_at_least(scores, t) for _, scores in blocks())
         return from_positive_ranks(t, ok, counts, self.binary)
-
-    def from_ranked(self, values: torch.Tensor, order: torch.Tensor, rows: slice | torch.Tensor) -> dict[str, torch.Tensor]:
-        """The binary metrics from whole ranked retrieval sets (``values`` sorted decreasingly, references ``order``)."""
-        q_fine, num_pos = self.q_labels[rows, :1], self.num_pos[rows]
-        per_query: dict[str, torch.Tensor] = {}
-        ranks = list_ranks(values, complete=True)
-        positive = self.r_labels[:, 0][order] == q_fine
-        if self.full_binary:
-            per_query["map"], per_query["mrr"] = full_ap_from_list(ranks, positive)
-        if self.topk:
-            per_query |= topk_metrics(ranks[:, : self.list_len], positive[:, : self.list_len], num_pos, self.topk)
-        return per_query
 
 
 def _tiled_unavailable(ctx: _Context, query: torch.Tensor, backend: str) -> list[str]:
@@ -451,11 +437,17 @@ def _per_query_metrics(
     elif ctx.self_retrieval and not (ctx.full_binary or ctx.hierarchical) and query.shape[0] * ctx.list_len * 12 <= 4 * CHUNK_BUDGET_BYTES:
         # symmetric tiles; the (N, K) candidate lists (12 bytes per entry) must fit 1 GiB
         yield ctx.from_lists(*self_topk(query, ctx.list_len, similarity=similarity, block_size=chunk_size or SELF_BLOCK, progress=progress), everything)
-    else:
-        bytes_per_score = 96 + 8 * ctx.num_levels if ctx.may_sort else 8
-        chunk = chunk_size or default_chunk_size(ref.shape[0], bytes_per_score)
-        for start, scores in score_chunks(query, gallery, similarity=similarity, chunk_size=chunk, progress=progress, exclude=ctx.own):
-            yield ctx.from_scores(scores, start)
+    else:  # query chunks, each scored and served by one thread of a pool on CPU (numpy's sorts are single-threaded)
+        threads = torch.get_num_threads() if query.device.type == "cpu" else 1
+        bytes_per_score = 16 if ctx.may_sort else 8  # the scores, their sorted copy and numpy's sort buffer
+        chunk = chunk_size or default_chunk_size(ref.shape[0], bytes_per_score * threads)
+        if ctx.hierarchical and ctx.level_index is None:  # built once, before the threads share it
+            ctx.level_index = LevelIndex(ctx.r_labels)
+        scores_of = chunk_scorer(query, gallery, similarity=similarity, exclude=ctx.own)
+        starts = range(0, query.shape[0], chunk)
+        with ThreadPool(threads) as pool:
+            results = pool.imap(lambda start: ctx.from_scores(scores_of(start, start + chunk), start), starts)
+            yield from tqdm(results, total=len(starts), disable=not progress, desc="evaluating", unit="chunk", leave=False)
 
 
 def _blocked_metrics(

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from rankopt.metrics.ranking import ClassIndex, list_ranks, tie_ends
+from rankopt.metrics.ranking import ClassIndex, count_below, list_ranks, sorted_rows, tie_ends
 from rankopt.rank.relevance import ndcg_gains, relevance
 
 
@@ -61,22 +61,6 @@ class LevelIndex:
             idx_parts.append(idx)
             level_parts.append(level * valid)
         return torch.cat(idx_parts, dim=1), torch.cat(level_parts, dim=1)
-
-
-def sorted_rows(x: torch.Tensor) -> torch.Tensor:
-    """Each row of ``(Q, R)`` ``x`` in increasing order, values only (numpy's vectorised sort on CPU,
-    about 20x ``torch.sort``'s there)."""
-    if x.device.type != "cpu":
-        return x.sort(dim=1).values
-    return torch.from_numpy(np.sort(x.detach().numpy(), axis=1))
-
-
-def count_below(ascending: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
-    """``(Q, P)`` int64: ``#{k : ascending[q, k] < t[q, p]}`` for rows sorted increasingly."""
-    if ascending.device.type != "cpu":
-        return torch.searchsorted(ascending, t.contiguous())
-    a, v = ascending.numpy(), t.detach().numpy()
-    return torch.from_numpy(np.stack([np.searchsorted(a[q], v[q]) for q in range(a.shape[0])]).reshape(v.shape))
 
 
 def argsort_descending(x: torch.Tensor) -> torch.Tensor:

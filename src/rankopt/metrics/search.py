@@ -10,7 +10,7 @@ blocks, for reference sets larger than memory.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import numpy as np
 import torch
@@ -52,16 +52,29 @@ def score_chunks(
     The reference set is prepared (L2-normalised for cosine) once; a separate query set is read and
     prepared chunk by chunk, so a memory-mapped ``query`` is never held whole in memory.
     """
+    scores_of = chunk_scorer(query, ref, similarity=similarity, exclude=exclude)
+    starts = range(0, query.shape[0], chunk_size)
+    for start in tqdm(starts, disable=not progress, desc="evaluating", unit="chunk", leave=False):
+        yield start, scores_of(start, start + chunk_size)
+
+
+def chunk_scorer(
+    query: torch.Tensor, ref: torch.Tensor | None, *, similarity: str = "cosine", exclude: torch.Tensor | None = None
+) -> Callable[[int, int], torch.Tensor]:
+    """``scores_of(start, stop)``: the ``(chunk, R)`` scores of the query rows ``[start, stop)``, as
+    :func:`score_chunks` yields them (same ``ref=None`` and ``exclude``); safe to call from several threads."""
     r = prepare(query if ref is None else ref, similarity)
     if exclude is None and ref is None:
         exclude = torch.arange(r.shape[0], device=r.device)
-    starts = range(0, query.shape[0], chunk_size)
-    for start in tqdm(starts, disable=not progress, desc="evaluating", unit="chunk", leave=False):
-        block = r[start : start + chunk_size] if ref is None else prepare(query[start : start + chunk_size], similarity)
+
+    def scores_of(start: int, stop: int) -> torch.Tensor:
+        block = r[start:stop] if ref is None else prepare(query[start:stop], similarity)
         scores = pairwise(block, r, similarity, prepared=True)
         if exclude is not None:
-            exclude_by_index(scores, exclude[start : start + chunk_size])
-        yield start, scores
+            exclude_by_index(scores, exclude[start:stop])
+        return scores
+
+    return scores_of
 
 
 def ref_block_scores(

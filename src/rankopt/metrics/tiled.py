@@ -27,12 +27,12 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import numpy as np
 import torch
 
+from rankopt.metrics.threads import ThreadPool
 from rankopt.similarity import pairwise, prepare
 
 TILE = 2048  # rows and columns of a tile (measured fastest with top-k heaps, and for a separate gallery)
@@ -160,7 +160,7 @@ def tiled_search(
     rows_max = max(q_hi - q_lo for q_lo, q_hi, _, _ in blocks)
     cols_max = max([tile, rows_max] + [r_hi - r_lo for _, _, r_lo, r_hi in blocks])
 
-    with _Pool(torch.get_num_threads()) as pool:
+    with ThreadPool(torch.get_num_threads()) as pool:
         buffers = [torch.empty(-(-rows_max // pool.threads) * cols_max, dtype=x_query.dtype) for _ in range(pool.threads)]
 
         def scores_of(t: int, rows: slice, cols: slice) -> torch.Tensor:
@@ -219,7 +219,7 @@ def tiled_search(
     return _result(state, q_order, r_order, own_sorted, own, width)
 
 
-def _pair_counts(state: _State, pool: _Pool, blocks: list[tuple[int, int, int, int]],
+def _pair_counts(state: _State, pool: ThreadPool, blocks: list[tuple[int, int, int, int]],
                  scores_of: Callable[[int, slice, slice], torch.Tensor]) -> None:
     """Off-diagonal tiles of a symmetric product without heaps (``k = 0``): each thread computes its rows of
     every tile and counts for them and, into a ``(P, N)`` accumulator of its own, for the columns; the
@@ -247,57 +247,13 @@ def _pair_counts(state: _State, pool: _Pool, blocks: list[tuple[int, int, int, i
     state.counts += torch.from_numpy(column_acc.sum(axis=0, dtype=np.int64).T)
 
 
-class _Pool:
-    """Runs a serial, GIL-releasing kernel on ``threads`` contiguous ranges at once.
-
-    Inside the pool torch runs single-threaded (restored on exit): each thread computes its own rows
-    of a tile's product, then serves them. torch's OpenMP threads, left waiting after a product of
-    their own, would spin for milliseconds against the kernels (measured: a third of the kernels'
-    time at 1M x 10k x 128-d).
-    """
-
-    def __init__(self, threads: int) -> None:
-        self.threads = max(1, threads)
-        self.executor = ThreadPoolExecutor(self.threads, initializer=torch.set_num_threads, initargs=(1,)) if self.threads > 1 else None
-
-    def ranges(self, total: int) -> list[tuple[int, int]]:
-        step = -(-total // self.threads)
-        return [(lo, min(total, lo + step)) for lo in range(0, total, step)] or [(0, 0)]
-
-    def share(self, t: int, lo: int, hi: int) -> slice:
-        """Thread ``t``'s part of ``[lo, hi)`` (possibly empty)."""
-        step = -(-(hi - lo) // self.threads)
-        return slice(min(hi, lo + t * step), min(hi, lo + (t + 1) * step))
-
-    def each(self, work: Callable[[int], object]) -> None:
-        """``work(t)`` on every thread ``t`` at once; returns when all are done."""
-        self.run(lambda t, _lo, _hi: work(t), self.threads)
-
-    def run(self, kernel: Callable[[int, int, int], object], total: int) -> list[object]:
-        """``kernel(index, lo, hi)`` over the ranges of ``[0, total)``, in parallel; the results in order."""
-        jobs = [(index, lo, hi) for index, (lo, hi) in enumerate(self.ranges(total))]
-        if self.executor is None:
-            return [kernel(*job) for job in jobs]
-        return list(self.executor.map(lambda job: kernel(*job), jobs))
-
-    def __enter__(self) -> _Pool:
-        self.torch_threads = torch.get_num_threads()
-        torch.set_num_threads(1)
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        if self.executor is not None:
-            self.executor.shutdown()
-        torch.set_num_threads(self.torch_threads)
-
-
 class _PairPass:
     """Off-diagonal tiles of a symmetric product: one :func:`pair_pass` over the tile for its rows and
     columns (a row range per thread, each with its own column counts and candidate buffer), then the
     column candidates merged into their heaps by column range (or, if a buffer overflowed, every score
     offered to its column's heap by :func:`column_heaps_pass`)."""
 
-    def __init__(self, state: _State, pool: _Pool, tile: int, capacity: int | None) -> None:
+    def __init__(self, state: _State, pool: ThreadPool, tile: int, capacity: int | None) -> None:
         self.state, self.pool = state, pool
         tasks = pool.threads
         self.capacity = capacity if capacity is not None else max(2**16, tile * tile // (8 * tasks))

@@ -439,7 +439,8 @@ def _per_query_metrics(
         yield ctx.from_lists(*self_topk(query, ctx.list_len, similarity=similarity, block_size=chunk_size or SELF_BLOCK, progress=progress), everything)
     else:  # query chunks, each scored and served by one thread of a pool on CPU (numpy's sorts are single-threaded)
         threads = torch.get_num_threads() if query.device.type == "cpu" else 1
-        bytes_per_score = 16 if ctx.may_sort else 8  # the scores, their sorted copy and numpy's sort buffer
+        # measured peaks: the scores and their sorted copy, and (hierarchical) each query's relevant items' tensors
+        bytes_per_score = 48 if ctx.hierarchical else 16 if ctx.may_sort else 8
         chunk = chunk_size or default_chunk_size(ref.shape[0], bytes_per_score * threads)
         if ctx.hierarchical and ctx.level_index is None:  # built once, before the threads share it
             ctx.level_index = LevelIndex(ctx.r_labels)

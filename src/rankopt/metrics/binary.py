@@ -19,6 +19,10 @@ from __future__ import annotations
 
 import torch
 
+from rankopt.metrics.ranking import tie_ends
+
+AP_AT_CUT = ("map@r", "map@k")  # the families that sum rank+/rank over the positives within the cut-off
+
 
 def topk_metrics(
     ranks: torch.Tensor, positive: torch.Tensor, num_pos: torch.Tensor, requests: list[tuple[str, str, int]]
@@ -35,7 +39,7 @@ def topk_metrics(
     has_pos = num_pos > 0
     num_pos = num_pos.to(torch.float64)
     hits_up_to = positive.to(torch.int64).cumsum(dim=1)
-    if any(family in ("map@r", "map@k") for _, family, _ in requests):
+    if any(family in AP_AT_CUT for _, family, _ in requests):
         precision = hits_up_to.gather(1, (ranks - 1).clamp(max=ranks.shape[1] - 1)).to(torch.float64) / ranks.to(torch.float64)
         precision_up_to = torch.where(positive, precision, 0.0).cumsum(dim=1)
     out = {}
@@ -47,17 +51,21 @@ def topk_metrics(
         def at_end(prefix: torch.Tensor) -> torch.Tensor:
             return torch.where(length > 0, prefix.gather(1, end), 0).squeeze(1).to(torch.float64)
 
-        if family == "recall":
-            value = (at_end(hits_up_to) > 0).to(torch.float64)
-        elif family == "precision":
-            value = at_end(hits_up_to) / k
-        elif family == "true_recall":
-            value = at_end(hits_up_to) / num_pos.clamp(max=k)
-        else:
-            denom = num_pos if family == "map@r" else num_pos.clamp(max=k)
-            value = at_end(precision_up_to) / denom
+        value = _at_cut(family, k, at_end(hits_up_to), at_end(precision_up_to) if family in AP_AT_CUT else None, num_pos)
         out[name] = torch.where(has_pos, value, torch.nan)
     return out
+
+
+def _at_cut(family: str, k: int, hits: torch.Tensor, precision_sum: torch.Tensor | None, num_pos: torch.Tensor) -> torch.Tensor:
+    """A cut-off family from the positives ranked within the cut-off: their number ``hits`` and, for
+    :data:`AP_AT_CUT`, their ``sum rank+/rank`` (float64 ``(Q,)`` each; ``num_pos``: ``R``)."""
+    if family == "recall":
+        return (hits > 0).to(torch.float64)
+    if family == "precision":
+        return hits / k
+    if family == "true_recall":
+        return hits / num_pos.clamp(max=k)
+    return precision_sum / (num_pos if family == "map@r" else num_pos.clamp(max=k))
 
 
 def sorted_positive_scores(pos_scores: torch.Tensor, valid: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
@@ -78,12 +86,12 @@ def from_positive_ranks(
     :func:`sorted_positive_scores`; ``ranks``: ``(Q, P)`` ``rank(j) = #{k in Omega : s_k >= t_j}``
     over the retrieval set; ``requests``: ``(name, family, k)``, any family of this module. Each
     metric above is a sum over the positives of a function of ``rank(j)`` and ``rank+(j)``, the
-    cut-offs selecting the positives with ``rank(j) <= k``: the cost is ``O(Q P^2)``, whatever ``k``.
+    cut-offs selecting the positives with ``rank(j) <= k``: ``O(Q P log P)``, whatever ``k``.
     """
     num_pos = ok.sum(dim=1).to(torch.float64)
     has_pos = num_pos > 0
     rank = ranks.to(torch.float64)
-    rank_plus = ((t.unsqueeze(1) >= t.unsqueeze(2)) & ok.unsqueeze(1)).sum(dim=2).to(torch.float64)
+    rank_plus = (tie_ends(t) + 1).to(torch.float64)  # #{p : t_p >= t_j}: t decreases, padding (-inf) last
     precision = torch.where(ok, rank_plus / rank, 0.0)  # rank+(j) / rank(j) at each positive
     out = {}
     for name, family, k in requests:
@@ -92,16 +100,7 @@ def from_positive_ranks(
         elif family == "mrr":
             value = 1.0 / rank[:, 0]
         else:
-            cut = num_pos.unsqueeze(1) if family == "map@r" else float(k)
-            within = ok & (rank <= cut)
-            hits = within.sum(dim=1).to(torch.float64)
-            if family == "recall":
-                value = (hits > 0).to(torch.float64)
-            elif family == "precision":
-                value = hits / k
-            elif family == "true_recall":
-                value = hits / num_pos.clamp(max=k)
-            else:
-                value = torch.where(within, precision, 0.0).sum(dim=1) / (num_pos if family == "map@r" else num_pos.clamp(max=k))
+            within = ok & (rank <= (num_pos.unsqueeze(1) if family == "map@r" else float(k)))
+            value = _at_cut(family, k, within.sum(dim=1).to(torch.float64), torch.where(within, precision, 0.0).sum(dim=1), num_pos)
         out[name] = torch.where(has_pos, value, torch.nan)
     return out

@@ -32,6 +32,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from rankopt.metrics.ranking import tie_ends
 from rankopt.metrics.threads import ThreadPool
 from rankopt.similarity import pairwise, prepare
 
@@ -349,8 +350,7 @@ def _result(state: _State, q_order: torch.Tensor, r_order: torch.Tensor, own_sor
     ids = r_order[ids]
     valid = torch.arange(width) < state.npos.unsqueeze(1)
     t = state.thresholds.masked_fill(~valid, float("-inf"))
-    rank_plus = ((t.unsqueeze(1) >= t.unsqueeze(2)) & valid.unsqueeze(1)).sum(dim=2)
-    ranks = state.counts + rank_plus
+    ranks = state.counts + tie_ends(t) + 1  # + rank+ (t decreases, padding -inf last)
     back = torch.empty_like(q_order)
     back[q_order] = torch.arange(q_order.numel())
     return TiledSearch(values[back], ids[back], t[back], valid[back], ranks[back])

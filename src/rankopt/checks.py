@@ -75,3 +75,34 @@ def check_finite_scalar(value: torch.Tensor, what: str) -> torch.Tensor:
     if not bool(torch.isfinite(value).all()):
         raise FloatingPointError(f"{what} is not finite ({value.detach().flatten()[:4].tolist()})")
     return value
+
+
+ImageSize = int | str | tuple[int, int] | list[int] | None
+"""An output size: ``S``, ``"S"``, ``"HxW"`` or ``(H, W)``; ``None``: the preset's."""
+
+
+def parse_image_size(size: ImageSize) -> tuple[int, int | None] | None:
+    """``(H, W)`` of an :data:`ImageSize` (``W`` None: the preset's aspect), or None; a clear error otherwise."""
+    if size is None:
+        return None
+    if isinstance(size, str):
+        parts = size.lower().replace("×", "x").split("x")
+        try:
+            values = [int(p) for p in parts]
+        except ValueError:
+            raise ValueError(f"image size {size!r}: expected S or HxW in pixels, e.g. 224 or 112x96") from None
+    elif isinstance(size, (tuple, list)):
+        values = [int(v) for v in size]
+    else:
+        values = [int(size)]
+    if len(values) not in (1, 2) or min(values) < 8:
+        raise ValueError(f"image size {size!r}: expected S or HxW with sides >= 8 pixels")
+    return values[0], (values[1] if len(values) == 2 else None)
+
+
+def canonical_image_size(size: ImageSize) -> int | str | None:
+    """One spelling per size (for configs and fingerprints): None, ``S`` as an int, or ``"HxW"``."""
+    parsed = parse_image_size(size)
+    if parsed is None:
+        return None
+    return parsed[0] if parsed[1] is None else f"{parsed[0]}x{parsed[1]}"

@@ -21,6 +21,7 @@ import yaml
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
+from rankopt.checks import parse_image_size
 from rankopt.registry import Registry
 
 RECIPE_DIR = Path(__file__).resolve().parent / "recipes"
@@ -40,7 +41,7 @@ class DataConfig:
     eval_splits: list[str] | None = None  # None: rankopt.data.evaluation_splits(eval dataset); []: none
     train_transform: str = "synthetic_train"
     test_transform: str = "synthetic_test"
-    image_size: int | None = None
+    image_size: Any = None  # None: the presets' size; S or "HxW" pixels (rankopt.checks.parse_image_size)
     batch_transform: bool = False  # transform whole batches on the device (same-size images, e.g. synthetic)
     num_workers: int = 0
     # > 0: hold out this fraction of the training split's classes at label column validation_level
@@ -66,6 +67,11 @@ class ModelConfig:
     freeze_bn: bool = True
     # > 0: initialise the projection as the PCA of this many training descriptors (GLDv2 protocol, TPAMI §7)
     pca_init_images: int = 0
+    # parameter-name prefixes not trained, e.g. [backbone.conv_stem, backbone.bn1, backbone.blocks.0]
+    freeze: list[str] = field(default_factory=list)
+    # a rankopt checkpoint (e.g. from `rankopt convert`) whose weights AND model architecture start a new run
+    # (fresh optimizer, epoch 0); its architecture replaces this section's (rankopt.engine.assembly.adopt_init_model)
+    init: str | None = None
     kwargs: dict[str, Any] = field(default_factory=dict)
 
 
@@ -207,7 +213,7 @@ _CHOICES: dict[str, tuple[str, ...]] = {
     "model.pooling": ("avg", "max", "gem"),
     "eval.similarity": ("cosine", "dot", "neg_l2"),
 }
-_POSITIVE = ("train.epochs", "train.batch_size", "train.m", "train.eval_every", "eval.batch_size", "train.diagnostics_every")
+_POSITIVE = ("train.batch_size", "train.m", "train.eval_every", "eval.batch_size", "train.diagnostics_every")
 
 
 def list_recipes() -> list[str]:
@@ -279,8 +285,14 @@ def _validate(conf: DictConfig) -> None:
     for key in _POSITIVE:
         if OmegaConf.select(conf, key) < 1:
             raise ValueError(f"{key!r} must be >= 1, got {OmegaConf.select(conf, key)}")
+    if conf.train.epochs < 0:
+        raise ValueError(f"'train.epochs' must be >= 0 (0: evaluate the initial model only), got {conf.train.epochs}")
     if not 0.0 <= conf.data.validation_fraction < 1.0:
         raise ValueError(f"'data.validation_fraction' must be in [0, 1), got {conf.data.validation_fraction}")
+    try:
+        parse_image_size(conf.data.image_size)
+    except (TypeError, ValueError) as err:
+        raise ValueError(f"invalid value for 'data.image_size': {err}") from None
     sub = conf.train.sub_batch_size
     if sub is not None and sub < 1:
         raise ValueError(f"'train.sub_batch_size' must be >= 1 or null, got {sub}")

@@ -61,6 +61,45 @@ def test_oml_file_splits_levels_boxes(oml_csv):
     assert len(build_dataset("csv", oml_csv, "validation")) == 4
 
 
+def test_sequence_and_category_follow_their_items(oml_csv):
+    """OML's ``sequence`` and ``category`` columns, per item in each split's metadata ("" where empty),
+    through the query/gallery split, skipped images and carved splits."""
+    from rankopt.data.splits import carve_validation, subset
+
+    query, gallery = build_dataset("csv", oml_csv, "query"), build_dataset("csv", oml_csv, "gallery")
+    assert query.metadata["sequence"].tolist() == ["s1", "s1", ""] and gallery.metadata["sequence"].tolist() == ["s1", "s1", "", ""]
+    assert query.metadata["category"].tolist() == ["0", "0", "1"] and gallery.metadata["category"].tolist() == ["0", "0", "1", "1"]
+    assert build_dataset("csv", oml_csv, "train").metadata["sequence"].tolist() == [""] * 4
+    (oml_csv.parent / "images" / "c0.png").unlink()
+    with pytest.warns(UserWarning, match="skipped 2 bad image"):  # its query and its gallery entry
+        gallery = build_dataset("csv", oml_csv, "gallery", on_bad_image="skip")
+    assert [Path(p).name for p in gallery.paths] == ["c1.png", "d0.png", "d1.png"]
+    assert gallery.metadata["sequence"].tolist() == ["s1", "", ""] and gallery.metadata["category"].tolist() == ["0", "1", "1"]
+    picked = subset(gallery, [2, 0], "picked")
+    assert picked.metadata["sequence"].tolist() == ["", "s1"] and picked.metadata["category"].tolist() == ["1", "0"]
+    train, validation = carve_validation(gallery, 0.5, level=0, seed=0)
+    for part in (train, validation):
+        by_path = dict(zip(gallery.paths, gallery.metadata["sequence"]))
+        assert part.metadata["sequence"].tolist() == [by_path[p] for p in part.paths]
+
+
+def test_sequence_ids_are_read_like_labels(tmp_path):
+    """``3.0`` and ``3`` are one sequence, names stay names, empty/NaN is none; ``1.5`` is an error naming its row;
+    without the column there is no sequence metadata."""
+    write_images(tmp_path, ["a.png", "b.png", "c.png", "d.png", "e.png"])
+    path = tmp_path / "df.csv"
+    path.write_text("label,path,split,sequence\n1,a.png,test,3.0\n1,b.png,test,3\n2,c.png,test,cam-7\n2,d.png,test,NaN\n"
+                    "3,e.png,test,\n")
+    assert build_dataset("csv", path, "test").metadata["sequence"].tolist() == ["3", "3", "cam-7", "", ""]
+    path.write_text(path.read_text().replace("cam-7", "1.5").replace("b.png,test,3", "b.png,test,2.25"))
+    with pytest.raises(DatasetProblems) as err:
+        build_dataset("csv", path, "test")
+    assert err.value.problems == [f"{path}:3: sequence '2.25' is neither an integer nor a name",
+                                  f"{path}:4: sequence '1.5' is neither an integer nor a name"]
+    path.write_text("label,path,split\n1,a.png,test\n1,b.png,test\n")
+    assert "sequence" not in build_dataset("csv", path, "test").metadata
+
+
 def test_self_retrieval_test_split_string_labels_and_levels(tmp_path):
     write_images(tmp_path / "root", ["x.png", "y.png", "z.png", "w.png"])
     path = tmp_path / "lists" / "items.csv"
@@ -172,3 +211,52 @@ def test_train_on_a_csv(tmp_path):
     assert [m["epoch"] for m in metrics] == [0, 1] and metrics[-1]["num_queries"] == 12
     report = json.loads((run / "report.json").read_text())
     assert report["data"]["eval"]["gallery"]["images"] == 12 and not (run / "classes").exists()
+
+
+def test_evaluate_a_csv_with_sequences_and_categories(tmp_path, capsys):
+    """``rankopt evaluate`` on an OML file (1 vs rest): the frames of a sequence never retrieve each other
+    (classes 0 and 3 lie in one sequence each: their 5 queries have no positive), metrics per category
+    in the JSON, metrics.json, report.json and report.html; the values are ``evaluate()``'s on the same
+    embeddings with the groups and categories written out by hand."""
+    import numpy as np
+    import torch
+
+    from rankopt.cli import main
+    from rankopt.config import config_to_dict, load_config
+    from rankopt.engine.assembly import build_model
+    from rankopt.engine.checkpoint import save_checkpoint
+    from rankopt.metrics import evaluate
+
+    table = [(0, "v1", "shoes"), (0, "v1", "shoes"), (0, "v1", "shoes"), (1, "v2", "shoes"), (1, "v3", "shoes"),
+             (2, "", "bags"), (2, "", "bags"), (3, "4", "bags"), (3, "4.0", "bags")]  # 4.0 is 4
+    names = [f"img/{i}.png" for i in range(len(table))]
+    write_images(tmp_path, names)
+    for i, name in enumerate(names):  # distinct pictures
+        Image.new("RGB", (12, 12), (20 * i, 255 - 25 * i, (70 * i) % 256)).save(tmp_path / name)
+    rows = [f"{label},{name},validation,True,True,{category},{sequence}" for (label, sequence, category), name in zip(table, names)]
+    path = tmp_path / "df.csv"
+    path.write_text("label,path,split,is_query,is_gallery,category,sequence\n" + "\n".join(rows) + "\n")
+    torch.manual_seed(0)
+    cfg = load_config(None, ["model.backbone=convnet_tiny", "model.embedding_dim=16"])
+    checkpoint = save_checkpoint(tmp_path / "model.ckpt", {"model": build_model(cfg).state_dict(), "config": config_to_dict(cfg)})
+    common = [str(checkpoint), "--dataset", "csv", "--root", str(path), "--image-size", "24", "--no-progress"]
+    out, run = tmp_path / "out.json", tmp_path / "run"
+    assert main(["evaluate", *common, "--metrics", "recall@1", "map", "--json", str(out), "--output", str(run)]) == 0
+    assert main(["embed", *common, "--split", "validation", "--out", str(tmp_path / "E.npy")]) == 0
+    capsys.readouterr()
+    result = json.loads(out.read_text())
+    assert result["num_queries"] == 9 and result["num_queries_without_positive"] == 5
+    assert {k: (v["num_queries"], v["num_queries_without_positive"]) for k, v in result["by_category"].items()} == {
+        "bags": (4, 2), "shoes": (5, 3)}
+    x = torch.from_numpy(np.load(tmp_path / "E.npy"))
+    labels = torch.tensor([label for label, _, _ in table])
+    groups = torch.tensor([{"v1": 0, "v2": 1, "v3": 2, "4": 3, "4.0": 3}.get(s, -1) for _, s, _ in table])
+    want = evaluate(x, labels, metrics=["recall@1", "map"], query_groups=groups, query_categories=[c for _, _, c in table])
+    assert result["metrics"] == pytest.approx(want.metrics)
+    for name, sub in want.by_category.items():
+        assert result["by_category"][name]["metrics"] == pytest.approx(sub.metrics)
+    record = json.loads((run / "metrics.json").read_text())[-1]
+    assert record["by_category"]["shoes"] == pytest.approx(want.by_category["shoes"].to_record())
+    assert json.loads((run / "report.json").read_text())["trained"]["by_category"] == record["by_category"]
+    page = (run / "report.html").read_text()
+    assert "Per query category (last evaluation)" in page and page.index("shoes") > page.index("bags")

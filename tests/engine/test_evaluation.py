@@ -87,3 +87,59 @@ def test_landmark_ground_truth_uses_the_revisitop_protocol():
     assert result.num_queries == 2
     assert result.metrics["medium/map"] == pytest.approx(1.0)  # every positive ranked before every negative
     assert result.metrics["easy/map"] == pytest.approx(1.0)
+
+
+# ----------------------------------------------------------------------------- OML's sequence and category
+def _split(x, labels, paths, **metadata):
+    from rankopt.engine.evaluation import EmbeddedSplit
+
+    return EmbeddedSplit(torch.as_tensor(x, dtype=torch.float32), torch.as_tensor(labels).reshape(-1, 1), paths,
+                         {k: np.asarray(v, dtype=str) for k, v in metadata.items()})
+
+
+def test_score_excludes_sequences_and_reports_categories():
+    """``metadata["sequence"]`` -> exclusion groups numbered jointly over query and gallery (``""``: none);
+    ``metadata["category"]`` on the queries -> ``by_category``; as ``evaluate`` with those arguments."""
+    from rankopt.engine.evaluation import score
+    from rankopt.metrics import evaluate
+
+    gen = torch.Generator().manual_seed(0)
+    q, g = torch.randn(6, 4, generator=gen), torch.randn(9, 4, generator=gen)
+    ql, gl = [0, 0, 1, 1, 2, 2], [0, 0, 0, 1, 1, 2, 2, 2, 1]
+    qs, gs = ["a", "", "b", "b", "", "c"], ["a", "a", "", "b", "x", "c", "c", "c", ""]
+    cats = ["shoes", "shoes", "bags", "", "bags", "hats"]
+    cfg = EvalConfig(metrics=["recall@1", "map", "map@r"])
+    got = score([_split(q, ql, [f"q{i}" for i in range(6)], sequence=qs, category=cats),
+                 _split(g, gl, [f"g{i}" for i in range(9)], sequence=gs)], cfg)
+    codes = {"a": 0, "b": 1, "c": 2, "x": 3}
+    to_groups = lambda names: torch.tensor([codes.get(n, -1) for n in names])  # noqa: E731
+    want = evaluate(q, torch.tensor(ql), g, torch.tensor(gl), metrics=cfg.metrics, query_groups=to_groups(qs),
+                    ref_groups=to_groups(gs), query_categories=[c or None for c in cats])
+    assert got.metrics == pytest.approx(want.metrics)
+    assert list(got.by_category) == ["bags", "hats", "shoes"] and got.by_category["bags"].num_queries == 2
+    for name, sub in want.by_category.items():
+        assert got.by_category[name].metrics == pytest.approx(sub.metrics, nan_ok=True)
+    plain = evaluate(q, torch.tensor(ql), g, torch.tensor(gl), metrics=cfg.metrics)
+    assert (got.num_queries_without_positive, plain.num_queries_without_positive) == (1, 0)  # query 5's positives: its sequence
+
+
+def test_score_self_retrieval_with_sequences():
+    from rankopt.engine.evaluation import score
+    from rankopt.metrics import evaluate
+
+    x = torch.randn(12, 4, generator=torch.Generator().manual_seed(1))
+    labels, seq = [i % 4 for i in range(12)], ["s0", "s1", "", "", "s0", "s1", "", "", "s0", "", "", ""]
+    cfg = EvalConfig(metrics=["recall@1", "map"])
+    got = score([_split(x, labels, [f"p{i}" for i in range(12)], sequence=seq)], cfg)
+    groups = torch.tensor([{"s0": 0, "s1": 1}.get(s, -1) for s in seq])
+    assert got.metrics == pytest.approx(evaluate(x, torch.tensor(labels), metrics=cfg.metrics, query_groups=groups).metrics)
+    assert got.num_queries_without_positive == 3 and not got.by_category  # class 0: items 0, 4, 8 share s0
+
+
+def test_media_averaging_refuses_per_item_sequences():
+    from rankopt.engine.evaluation import score
+
+    split = _split(torch.randn(4, 3), [0, 0, 1, 1], list("abcd"), sequence=["s", "s", "", ""])
+    split.metadata["media"] = np.array([0, 0, 1, 1])
+    with pytest.raises(ValueError, match="media averaging"):
+        score([split], EvalConfig())

@@ -96,3 +96,20 @@ def test_media_in_a_query_gallery_evaluation_is_refused():
     split = face_split()
     with pytest.raises(ValueError, match="self-retrieval only"):
         score([split, dataclasses.replace(split, metadata={})], EvalConfig(metrics=METRICS))
+
+
+def test_tar_at_far_names_verify_every_pair_of_a_self_retrieval_split():
+    """Without templates (Yale B), ``tar@far=F`` in the metrics is TAR over all pairs of the split, beside the
+    retrieval metrics; a query/gallery protocol is refused."""
+    from rankopt.metrics.verification import all_pairs_tar_at_far
+
+    gen = torch.Generator().manual_seed(0)
+    x = torch.nn.functional.normalize(torch.randn(30, 5, generator=gen), dim=1)
+    labels = torch.arange(30).div(5, rounding_mode="floor").unsqueeze(1)
+    split = EmbeddedSplit(x, labels, [f"{i}.pgm" for i in range(30)])
+    cfg = EvalConfig(metrics=["map@r", "tar@far=1e-01"])
+    result = score([split], cfg)
+    assert set(result.metrics) == {"map@r", "tar@far=1e-01"}
+    assert result.metrics["tar@far=1e-01"] == all_pairs_tar_at_far(x, labels, (0.1,))["tar@far=1e-01"]
+    with pytest.raises(ValueError, match="self-retrieval"):
+        score([split, split], cfg)

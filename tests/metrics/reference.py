@@ -134,19 +134,25 @@ def evaluate(
     names: list[str],
     similarity: str = "cosine",
     alpha: float = 1.0,
+    query_groups: np.ndarray | None = None,
+    ref_groups: np.ndarray | None = None,
 ) -> tuple[dict[str, float], int]:
-    """Mean of each metric over the queries where it is defined, and the number of queries without positive."""
+    """Mean of each metric over the queries where it is defined, and the number of queries without positive.
+
+    ``query_groups``/``ref_groups`` (exclusion groups, -1: none): query i's retrieval set leaves out every
+    reference j with ``ref_groups[j] == query_groups[i] >= 0`` (self-retrieval: ``query_groups`` for both)."""
     qlabels = qlabels.reshape(len(qlabels), -1)
     self_retrieval = ref is None
     if self_retrieval:
-        ref, rlabels = query, qlabels
+        ref, rlabels, ref_groups = query, qlabels, query_groups
     rlabels = rlabels.reshape(len(rlabels), -1)
     L = qlabels.shape[1]
     S = scores(query, ref, similarity)
     per: dict[str, list[float]] = {name: [] for name in names}
     without = 0
     for i in range(len(query)):
-        omega = [j for j in range(len(ref)) if not (self_retrieval and j == i)]
+        omega = [j for j in range(len(ref)) if not (self_retrieval and j == i)
+                 and not (query_groups is not None and query_groups[i] >= 0 and ref_groups[j] == query_groups[i])]
         s = [float(S[i, j]) for j in omega]
         levels = [int(sum(qlabels[i, c] == rlabels[j, c] for c in range(L))) for j in omega]
         fine = [qlabels[i, 0] == rlabels[j, 0] for j in omega]

@@ -221,3 +221,34 @@ def test_verification_metrics_name_bad_rows():
         verification_metrics(emb, media, templates, pairs[:, :2])
     with pytest.raises(ValueError, match="unknown similarity"):
         verification_metrics(emb, media, templates, pairs, similarity="l1")
+
+
+@pytest.mark.parametrize("pair_chunk", [7, 1 << 20])
+def test_all_pairs_tar_at_far_scores_every_pair_once(monkeypatch, pair_chunk):
+    """Every pair i < j, genuine when the finest labels agree: a double loop gives the same pairs."""
+    monkeypatch.setattr(verification, "PAIR_CHUNK", pair_chunk)
+    rng = np.random.default_rng(0)
+    x = torch.nn.functional.normalize(torch.as_tensor(rng.normal(size=(40, 6))), dim=1)
+    labels = np.stack([rng.integers(0, 6, 40), np.zeros(40, dtype=int)], axis=1)  # (N, 2): column 0 is used
+    scores, genuine = [], []
+    for i in range(40):
+        for j in range(i + 1, 40):
+            scores.append(float(x[i] @ x[j]))
+            genuine.append(int(labels[i, 0] == labels[j, 0]))
+    fars = (1e-2, 1e-1, 0.5)
+    expected = tar_at_far(np.array(scores), np.array(genuine), fars)
+    got = verification.all_pairs_tar_at_far(x, labels, fars)
+    assert got.keys() == expected.keys()
+    for key in expected:
+        assert got[key] == pytest.approx(expected[key], abs=1e-12)
+
+
+def test_far_metric_names_are_parsed_strictly():
+    names, fars = verification.parse_far_keys(["map@r", "tar@far=1e-03", "tar@far=1e-01"])
+    assert names == ["map@r"] and fars == [1e-3, 1e-1]
+    with pytest.raises(ValueError, match="'tar@far=1e-03'"):
+        verification.parse_far_keys(["tar@far=0.001"])
+    with pytest.raises(ValueError, match="expected tar@far"):
+        verification.parse_far_keys(["tar@far=often"])
+    with pytest.raises(ValueError, match="labels must have"):
+        verification.all_pairs_tar_at_far(torch.zeros(3, 2), np.zeros(4))

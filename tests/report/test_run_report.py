@@ -150,6 +150,59 @@ def test_evaluate_run_has_one_column_and_no_training(make_run):
     assert check_page(page) == []
 
 
+class _Rows(HTMLParser):
+    """The cell texts of each row of the table captioned ``caption``."""
+
+    def __init__(self, caption: str) -> None:
+        super().__init__()
+        self.caption, self.rows, self.inside, self.in_caption, self.text = caption, [], False, False, ""
+
+    def handle_starttag(self, tag, attrs):
+        if tag == "caption":
+            self.in_caption, self.text = True, ""
+        elif tag == "tr" and self.inside:
+            self.rows.append([])
+        elif tag in ("td", "th"):
+            self.text = ""
+
+    def handle_endtag(self, tag):
+        if tag == "caption":
+            self.in_caption, self.inside = False, self.text == self.caption
+        elif tag == "table":
+            self.inside = False
+        elif tag in ("td", "th") and self.inside:
+            self.rows[-1].append(self.text)
+
+    def handle_data(self, data):
+        self.text += data
+
+
+def test_per_category_table_under_the_metrics(make_run):
+    """``by_category`` of the last metrics.json record: one row per category, then the overall row."""
+    run = make_run(kind="evaluate")
+    records = json.loads((run / "metrics.json").read_text())
+    by_category = {"bags & co": {"recall@1": 0.25, "map@r": 0.125, "map": 0.5, "num_queries": 4, "num_queries_without_positive": 1},
+                   "shoes": {"recall@1": 0.75, "map@r": None, "map": 0.0625, "num_queries": 12, "num_queries_without_positive": 0}}
+    records[-1]["by_category"] = by_category
+    (run / "metrics.json").write_text(json.dumps(records))
+    page = write_run_report(run)
+    parser = _Rows("Per query category (last evaluation)")
+    parser.feed(section_text(page, "metrics"))
+    last = records[-1]
+    names = parser.rows[0][3:]  # the metrics of the main table (ap@level{c}: none per category here)
+    assert parser.rows[0][:3] == ["category", "queries", "without a positive"] and names[:3] == ["recall@1", "map@r", "map"]
+    missing = ["–"] * (len(names) - 3)
+    assert parser.rows[1:] == [
+        ["bags & co", "4", "1", "0.2500", "0.1250", "0.5000", *missing],
+        ["shoes", "12", "0", "0.7500", "–", "0.0625", *missing],
+        ["overall", str(last["num_queries"]), str(last["num_queries_without_positive"]), *[f"{last[m]:.4f}" for m in names]],
+    ]
+    assert "bags &amp; co" in page.read_text() and check_page(page) == []
+    del records[-1]["by_category"]
+    (run / "metrics.json").write_text(json.dumps(records))
+    assert "Per query category" not in write_run_report(run).read_text()
+
+
 def test_run_stopped_before_its_first_evaluation(make_run):
     run = make_run(figures=False)
     for name in ("metrics.json", "metrics.csv", "report.json"):

@@ -12,7 +12,7 @@ import importlib
 import sys
 from collections.abc import Sequence
 
-SUBCOMMAND_MODULES = ("train", "evaluate", "embed", "evaluate_embeddings", "datasets", "compare", "report", "benchmark", "study", "whiten", "index", "search")
+SUBCOMMAND_MODULES = ("train", "convert", "evaluate", "embed", "evaluate_embeddings", "datasets", "compare", "report", "benchmark", "study", "whiten", "index", "search")
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -14,18 +14,23 @@ def register(subparsers: Any) -> None:
                     "to the baseline). Finished runs are skipped; an interrupted run resumes from its checkpoint. "
                     "--tune instead runs the learning-rate grid on a validation split carved from the training "
                     "classes and prints the chosen value (the test split is never used for it).")
-    parser.add_argument("name", help="omniglot (CPU-sized), sop, cub or inat (the papers' recipes; GPU)")
+    parser.add_argument("name", help="omniglot, caltech101, yaleb (CPU-sized), sop, cub or inat (the papers' "
+                                      "recipes; GPU)")
     parser.add_argument("--root", metavar="PATH", help="dataset folder (default: the recipe's data.root)")
     parser.add_argument("--quick", action="store_true", help="tiny settings (minutes on 2 CPU cores; for CI)")
-    parser.add_argument("--losses", nargs="+", metavar="LOSS", help="default: every benchmark loss")
+    parser.add_argument("--losses", nargs="+", metavar="LOSS", help="default: every row of the benchmark")
+    parser.add_argument("--weights", metavar="FILE",
+                        help="pretrained weights of caltech101/yaleb (default: $RANKOPT_WEIGHTS_MOBILENETV2 / "
+                             "$RANKOPT_WEIGHTS_MOBILEFACENET)")
     parser.add_argument("--seeds", nargs="+", type=int, default=None, metavar="S",
                         help="default: 0 1 2 (0 with --quick)")
     parser.add_argument("--jobs", type=int, default=1, metavar="N", help="trainings side by side (default 1)")
     parser.add_argument("--out", metavar="DIR", help="default: benchmarks/runs/NAME[-quick|-tuning]")
-    parser.add_argument("--baseline", default="smooth_ap", help="group the differences are taken to")
+    parser.add_argument("--baseline", default=None, help="group the differences are taken to (default: the "
+                                                          "benchmark's: smooth_ap, or released for yaleb)")
     parser.add_argument("--set", nargs="+", default=[], metavar="key=value", help="extra overrides for every run")
     parser.add_argument("--tune", action="store_true", help="learning-rate grid on the validation split")
-    parser.add_argument("--lrs", nargs="+", type=float, metavar="LR", help="--tune's grid (default: 3e-4 1e-3 3e-3)")
+    parser.add_argument("--lrs", nargs="+", type=float, metavar="LR", help="--tune's grid (default: the benchmark's)")
     parser.set_defaults(func=run)
 
 
@@ -34,22 +39,24 @@ def run(args: argparse.Namespace) -> int:
 
     from rankopt.experiments import benchmark as bench
 
+    definition = bench.get_benchmark(args.name)
     seeds = args.seeds if args.seeds is not None else ([0] if args.quick else [0, 1, 2])
     suffix = "-tuning" if args.tune else "-quick" if args.quick else ""
     out = Path(args.out or f"benchmarks/runs/{args.name}{suffix}")
     if args.tune:
-        specs = bench.tuning_specs(args.name, root=args.root, quick=args.quick, extra=args.set,
-                                   **({"losses": args.losses} if args.losses else {}),
-                                   **({"lrs": args.lrs} if args.lrs else {}))
-        outcomes = bench.run_benchmark(specs, out, jobs=args.jobs, baseline=None, by=("loss.name", "optim.lr")).outcomes
+        specs = bench.tuning_specs(args.name, root=args.root, quick=args.quick, extra=args.set, lrs=args.lrs,
+                                   losses=args.losses, weights=args.weights)
+        outcomes = bench.run_benchmark(specs, out, jobs=args.jobs, baseline=None,
+                                       by=(*definition.group_by, "optim.lr")).outcomes
         lr, table = bench.select_learning_rate(outcomes)
         for value, row in table.items():
             print(f"lr={value}: " + ", ".join(f"{loss} map@r={v:.4f}" for loss, v in row.items()))
         print(f"chosen learning rate (best mean validation map@r): {lr:g}")
         return 0 if all(o.status != "failed" for o in outcomes) else 1
     specs = bench.benchmark_specs(args.name, root=args.root, losses=args.losses, seeds=seeds, quick=args.quick,
-                                  extra=args.set)
-    result = bench.run_benchmark(specs, out, jobs=args.jobs, baseline=args.baseline)
+                                  extra=args.set, weights=args.weights)
+    result = bench.run_benchmark(specs, out, jobs=args.jobs, baseline=args.baseline or definition.baseline,
+                                 by=definition.group_by)
     failed = [o.spec.name for o in result.outcomes if o.status == "failed"]
     if "md" in result.comparison:
         print(result.comparison["md"].read_text())

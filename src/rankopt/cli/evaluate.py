@@ -14,7 +14,7 @@ def add_model_data_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dataset", metavar="NAME", help="dataset name (default: the checkpoint's training dataset)")
     parser.add_argument("--root", metavar="PATH", help="dataset folder (default: the checkpoint's data.root)")
     parser.add_argument("--transform", metavar="PRESET", help="test transform preset (default: the checkpoint's)")
-    parser.add_argument("--image-size", type=int, metavar="PX", help="test image size (default: the checkpoint's)")
+    parser.add_argument("--image-size", metavar="S|HxW", help="test image size (default: the checkpoint's)")
     parser.add_argument("--batch-size", type=int, default=None, metavar="B", help="embedding batch size")
     parser.add_argument("--num-workers", type=int, default=0, metavar="W", help="DataLoader workers")
     parser.add_argument("--device", default="auto", help="cpu, cuda, cuda:1, ... (default: auto)")
@@ -25,6 +25,7 @@ def load_for_inference(args: argparse.Namespace, splits: list[str] | None) -> tu
     """(model, config, {split: dataset}, device, batch transform or None) for ``args``, with the test transform
     (``args.transform``/``args.image_size`` written into the config). ``splits``: ``None`` for the dataset's
     evaluation splits, ``[]`` for none (no dataset is read)."""
+    from rankopt.checks import canonical_image_size
     from rankopt.engine.assembly import build_datasets, build_transforms, model_from_checkpoint, resolve_device
 
     device = resolve_device(args.device)
@@ -36,7 +37,7 @@ def load_for_inference(args: argparse.Namespace, splits: list[str] | None) -> tu
     elif args.root is not None:
         data.eval_root = args.root
     data.test_transform = args.transform or data.test_transform
-    data.image_size = args.image_size or data.image_size
+    data.image_size = canonical_image_size(args.image_size) or data.image_size
     data.eval_splits = splits
     if args.batch_size is not None:
         cfg.eval.batch_size = args.batch_size
@@ -57,7 +58,7 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--metrics", nargs="+", metavar="METRIC",
                         help="metric names, or 'all' (default: the checkpoint's eval.metrics)")
     parser.add_argument("--similarity", choices=("cosine", "dot", "neg_l2"), help="default: the checkpoint's")
-    parser.add_argument("--json", metavar="OUT", help="write the result as JSON")
+    parser.add_argument("--json", metavar="OUT", help="write the result as JSON (with by_category when the queries have categories)")
     parser.add_argument("--output", metavar="DIR",
                         help="also write a run folder: report.html, report.json, metrics.json, retrieval.npz, figures/")
     add_postprocess_arguments(parser, query_side=True, gallery_side=True)
@@ -96,6 +97,10 @@ def run(args: argparse.Namespace) -> int:
     print(format_table({"value": dict(result.metrics)},
                        f"{dataset} ({' vs '.join(datasets)}): {result.num_queries} queries, "
                        f"{result.num_queries_without_positive} without a positive (excluded)"))
+    if result.by_category:
+        print(format_table({name: sub.metrics for name, sub in result.by_category.items()},
+                           "per query category (" + ", ".join(f"{name}: {sub.num_queries} queries"
+                                                              for name, sub in result.by_category.items()) + ")"))
     if args.json:
         Path(args.json).write_text(json.dumps(out, indent=2))
         print(f"wrote {args.json}")
@@ -123,8 +128,7 @@ def write_evaluation_folder(run_dir: Any, args: argparse.Namespace, cfg: Any, mo
     save_config(cfg, run_dir / "config.yaml")
     info = {"recipe": f"(checkpoint {args.checkpoint})", "overrides": [], "command": "rankopt " + " ".join(sys.argv[1:])}
     run_folder.write_run_info(run_dir, info, next(model.parameters()).device)
-    record = {"epoch": 0, "step": 0, **result.metrics, "num_queries": result.num_queries,
-              "num_queries_without_positive": result.num_queries_without_positive}
+    record = {"epoch": 0, "step": 0, **result.to_record()}
     write_text_atomic(run_dir / "metrics.json", json.dumps([record], indent=2))
     first = next(iter(datasets.values()))
     level_names = list(getattr(first, "level_names", []))

@@ -1,7 +1,7 @@
 """``csv``: images listed in a CSV table (``data.name=csv data.root=FILE.csv``), in the dataframe
 format of open-metric-learning (OML), so that OML users' files work unchanged.
 
-Columns (a header row; any order; other columns, e.g. OML's ``sequence``, are ignored):
+Columns (a header row; any order; other columns are ignored):
 
 - ``label``: the finest class, an integer or a name (``3.0`` is read as 3; ``1.5``, empty or
   NaN is an error naming the row);
@@ -12,7 +12,17 @@ Columns (a header row; any order; other columns, e.g. OML's ``sequence``, are ig
 - coarser levels: ``label_1``, ``label_2``, ...; else OML's ``category`` as level 1; or the
   columns named by ``levels=[label, category, ...]`` (finest first; they are the level names);
 - ``x_1``, ``x_2``, ``y_1``, ``y_2`` (OML: left, right, top, bottom): the image is cropped to
-  ``(x_1, y_1, x_2, y_2)`` on rows where all four are filled in.
+  ``(x_1, y_1, x_2, y_2)`` on rows where all four are filled in;
+- ``sequence`` (optional): an id (integer or name, read like a label) shared by the frames of one
+  video or burst; empty: the item is in no sequence. At evaluation a query ignores every gallery item
+  of its sequence, as it ignores itself (OML's rule: same-sequence frames would inflate the metrics);
+  OML's factorisation would put every empty value in one sequence, rankopt leaves such items alone;
+- ``category`` (optional, OML): besides its use as a level, the metrics are also reported per category
+  of the queries (each query still retrieving from the whole gallery, as in OML).
+
+Per item, the datasets' ``metadata["sequence"]`` and ``metadata["category"]`` hold these columns as
+strings (``""``: empty), when the file has them; they follow the items through skipped files and
+carved splits (``Items.per_item``).
 
 Splits: the rows of ``train``, ``validation`` and ``test``; with ``is_query``/``is_gallery``,
 ``query`` and ``gallery`` are the rows of the evaluation split (``test`` if the file has test rows,
@@ -36,6 +46,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from rankopt.data.base import (
     DatasetProblems,
     DatasetSpec,
@@ -49,13 +61,14 @@ NAME = "csv"
 SPLITS = ("train", "validation", "test")
 FLAGS = ("is_query", "is_gallery")
 BOX = ("x_1", "y_1", "x_2", "y_2")
+ITEM_COLUMNS = ("sequence", "category")  # kept per item in the datasets' metadata
 _TRUE, _FALSE, _EMPTY = {"true", "1", "1.0", "yes"}, {"false", "0", "0.0", "no"}, {"", "none", "nan", "null"}
 
 
-def _label(text: str) -> int | str:
+def _label(text: str, column: str = "label") -> int | str:
     """An integer label (``3`` or ``3.0``) or a name; empty, NaN and non-integral numbers are errors."""
     if text.lower() in _EMPTY:
-        raise ValueError(f"empty or NaN label {text!r}")
+        raise ValueError(f"empty or NaN {column} {text!r}")
     try:
         return int(text)
     except ValueError:
@@ -65,8 +78,13 @@ def _label(text: str) -> int | str:
     except ValueError:
         return text
     if not number.is_integer():
-        raise ValueError(f"label {text!r} is neither an integer nor a name")
+        raise ValueError(f"{column} {text!r} is neither an integer nor a name")
     return int(number)
+
+
+def _item_id(text: str, column: str) -> str:
+    """An optional id read like a label (``3.0`` -> ``"3"``), as a string; ``""`` when empty or NaN."""
+    return "" if text.lower() in _EMPTY else str(_label(text, column))
 
 
 def _flag(text: str, column: str) -> bool | None:
@@ -117,6 +135,8 @@ class Table:
     splits: list[str] = field(default_factory=list)
     flags: list[tuple[bool | None, bool | None]] = field(default_factory=list)
     boxes: list[tuple[float, float, float, float] | None] = field(default_factory=list)
+    extras: dict[str, list[str]] = field(default_factory=dict)
+    """The optional per-item columns present in the file (:data:`ITEM_COLUMNS`): one string per row, ``""`` when empty."""
     problems: list[str] = field(default_factory=list)
     """Problems left unraised by ``read_table(..., keep_going=True)``."""
 
@@ -173,6 +193,7 @@ def read_table(
             raise label_file_error(file, 1, f"missing column(s) {missing}; header: {','.join(header) or '(empty)'}")
         table = Table(file, level_names, bool(flags))
         has_box = all(c in header for c in BOX)
+        table.extras = {c: [] for c in ITEM_COLUMNS if c in header}
         problems: list[str] = []
         seen: dict[str, int] = {}
         for row in reader:
@@ -182,13 +203,14 @@ def read_table(
                 split = get["split"].lower()
                 if split not in SPLITS:
                     raise ValueError(f"split must be one of {', '.join(SPLITS)}, got {get['split']!r}")
-                labels = tuple(_label(get[c]) for c in level_names)
+                labels = tuple(_label(get[c], c) for c in level_names)
                 if not get["path"]:
                     raise ValueError("empty path")
                 path = Path(get["path"]).expanduser()
                 path_text = str(path if path.is_absolute() else base / path)
                 flagged = (_flag(get["is_query"], "is_query"), _flag(get["is_gallery"], "is_gallery")) if flags else (None, None)
                 box = _box([get[c] for c in BOX]) if has_box else None
+                extras = {c: _item_id(get[c], c) for c in table.extras}
             except ValueError as err:
                 problems.append(f"{file}:{line}: {err}")
                 continue
@@ -202,6 +224,8 @@ def read_table(
             table.splits.append(split)
             table.flags.append(flagged)
             table.boxes.append(box)
+            for column, value in extras.items():
+                table.extras[column].append(value)
     if not table.paths and not problems:
         problems.append(f"{file}: no rows")
     table.labels = _unify(table.labels)
@@ -231,7 +255,7 @@ def load_csv(root: Path | None, split: str, **kwargs: Any) -> Items:
     """Items of ``split`` of the CSV file ``root`` (every split's rows; ``finalize`` keeps the group asked for)."""
     table = read_table(root, **kwargs)
     evaluation = table.evaluation_split if table.has_flags else None
-    rows, boxes, both = [], {}, False
+    rows, boxes, both, origin = [], {}, False, []
     for i, (path, labels, s) in enumerate(zip(table.paths, table.labels, table.splits)):
         entries = [s]
         if s == evaluation:
@@ -242,21 +266,23 @@ def load_csv(root: Path | None, split: str, **kwargs: Any) -> Items:
             if table.boxes[i] is not None:
                 boxes[len(rows)] = table.boxes[i]
             rows.append((path, labels, entry, table.sources[i]))
+            origin.append(i)
     extra: dict[str, dict[str, Any]] = {s: {"problems": table.problems} for s in {r[2] for r in rows} | {split}}
     if both:
         extra["query"]["gallery_contains_queries"] = True
-    return Items.from_rows(rows, table.level_names, boxes=boxes, extra=extra)
+    per_item = {column: np.asarray(values, dtype=str)[origin] for column, values in table.extras.items()}
+    return Items.from_rows(rows, table.level_names, boxes=boxes, extra=extra, per_item=per_item)
 
 
 SPEC = register_dataset(
     DatasetSpec(
         name=NAME,
         description="images listed in a CSV file, open-metric-learning's format (label, path, split "
-                    "[, is_query, is_gallery, category, x_1, x_2, y_1, y_2]); root = the CSV file",
+                    "[, is_query, is_gallery, category, sequence, x_1, x_2, y_1, y_2]); root = the CSV file",
         level_names=("label",),
         splits=(*SPLITS, "query", "gallery"),
         evaluation_splits=("query", "gallery"),
-        native_files=("FILE.csv (label,path,split[,is_query,is_gallery][,label_1|category][,x_1,x_2,y_1,y_2])",),
+        native_files=("FILE.csv (label,path,split[,is_query,is_gallery][,label_1|category][,sequence][,x_1,x_2,y_1,y_2])",),
         load=load_csv,
         needs_root=False,
         layout=csv_layout,

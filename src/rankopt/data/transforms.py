@@ -17,13 +17,18 @@ preset              ops (then ImageNet mean/std normalisation)
 ``vggface2_test``   resize to 224 x 224; same input convention
 ``arcface_train``   resize to 112 x 112 (aligned crops already are), h-flip; (x - 0.5) / 0.5 (IResNet release)
 ``arcface_test``    resize to 112 x 112; same input convention
+``mobilefacenet_train`` resize to 112 x 96 (H x W), h-flip; (255 x - 127.5) / 128, RGB (MobileFaceNet release)
+``mobilefacenet_test``  resize to 112 x 96; same input convention
+``tf_lite_train``   as ``train`` with the TF-Lite models' input convention (255 x - 127) / 128 (EfficientNet-Lite)
+``tf_lite_test``    as ``test``; same input convention
 ==================  ==========================================================================
 
 Face presets follow Smooth-AP §5.3: SENet-50 on the (extended) VGGFace2 crops resized to 224 x 224,
 ArcFace on 112 x 112 crops aligned by 5 landmarks; each with the input convention of its released weights.
 
-``image_size`` replaces the output size; the resize step keeps its ratio to the crop
-(256/224 for ``train``). The other presets normalise by the ImageNet mean/std. Randomness comes from torch's global RNG (deterministic given
+``image_size`` replaces the output size: ``S`` (or ``"S"``) keeps the preset's aspect (square presets
+become ``S x S``, ``mobilefacenet`` ``S x round(S·96/112)``), ``"HxW"`` (or ``(H, W)``) sets both; the resize
+step keeps its ratio to the crop (256/224 for ``train``). The other presets normalise by the ImageNet mean/std. Randomness comes from torch's global RNG (deterministic given
 its state, e.g. per DataLoader worker seed).
 """
 
@@ -35,7 +40,9 @@ import kornia.augmentation as K
 import torch
 from PIL import Image
 
+from rankopt.checks import ImageSize, parse_image_size
 from rankopt.data.base import pil_to_tensor, to_rgb
+from rankopt.data.fast_transform import compile_fast_path, decode_min_side
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
@@ -45,7 +52,7 @@ VGGFACE2_MEAN_RGB = (131.0912, 103.8827, 91.4953)  # the VGGFace2 models' mean f
 @dataclass(frozen=True)
 class Preset:
     resize: int  # shorter side (or both sides when square)
-    crop: int
+    crop: int  # output height (and width unless crop_width)
     train: bool
     square: bool = False
     scale: tuple[float, float] = (0.16, 1.0)
@@ -55,6 +62,7 @@ class Preset:
     area: bool = False  # square resize by area averaging (fast, alias-free downscaling of thin strokes)
     mean: tuple[float, ...] = IMAGENET_MEAN  # of the [0, 1] RGB input
     std: tuple[float, ...] = IMAGENET_STD
+    crop_width: int | None = None  # output width of a square-resize preset, when not crop (e.g. 112 x 96 faces)
 
 
 PRESETS: dict[str, Preset] = {
@@ -72,8 +80,11 @@ PRESETS: dict[str, Preset] = {
                                   mean=tuple(m / 255 for m in VGGFACE2_MEAN_RGB)) for mode in ("train", "test")},
     **{f"arcface_{mode}": Preset(112, 112, mode == "train", square=True, mean=(0.5,) * 3, std=(0.5,) * 3)
        for mode in ("train", "test")},
+    **{f"mobilefacenet_{mode}": Preset(112, 112, mode == "train", square=True, crop_width=96, mean=(0.5,) * 3,
+                                       std=(128 / 255,) * 3) for mode in ("train", "test")},
+    "tf_lite_train": Preset(256, 224, True, mean=(127 / 255,) * 3, std=(128 / 255,) * 3),
+    "tf_lite_test": Preset(256, 224, False, mean=(127 / 255,) * 3, std=(128 / 255,) * 3),
 }
-
 
 class AreaResize(torch.nn.Module):
     """Resize ``(B, C, H, W)`` to ``size`` by area averaging (``F.interpolate(mode="area")``)."""
@@ -92,13 +103,24 @@ class ImageTransform:
 
     Applying it to whole batches of same-size images (e.g. the synthetic set decoded with
     ``transform=None``) is an order of magnitude faster than per image (kornia's per-call cost).
+    A PIL image takes ``fast`` (the same ops in plain torch, :mod:`rankopt.data.fast_transform`) when
+    every op has one; :meth:`reference` runs the kornia ops. ``decode_min_side``: the shorter side the
+    first resize needs (a dataset may decode JPEGs at reduced size, :mod:`rankopt.data.decode`).
     """
 
     def __init__(self, preset: str, ops: torch.nn.Sequential) -> None:
         self.preset = preset
         self.ops = ops
+        self.fast = compile_fast_path(ops)
+        self.decode_min_side = decode_min_side(ops)
 
     def __call__(self, image: Image.Image | torch.Tensor) -> torch.Tensor:
+        if isinstance(image, Image.Image) and self.fast is not None:
+            return self.fast(image)
+        return self.reference(image)
+
+    def reference(self, image: Image.Image | torch.Tensor) -> torch.Tensor:
+        """The kornia ops on ``image`` (what the fast path reproduces)."""
         x = pil_to_tensor(to_rgb(image)) if isinstance(image, Image.Image) else image
         if x.ndim not in (3, 4) or x.shape[-3] != 3:
             raise ValueError(f"expected a (3, H, W) image or a (B, 3, H, W) batch, got {tuple(x.shape)}")
@@ -109,25 +131,38 @@ class ImageTransform:
         return f"ImageTransform({self.preset!r}, {self.ops})"
 
 
-def build_transform(preset: str, image_size: int | None = None) -> ImageTransform:
-    """The named preset (see the module table); ``image_size`` overrides the output size."""
+def output_size(preset: str, image_size: ImageSize = None) -> tuple[int, int]:
+    """``(H, W)`` of the images ``build_transform(preset, image_size)`` returns."""
+    spec = _preset(preset)
+    parsed = parse_image_size(image_size)
+    height, width = (spec.crop, None) if parsed is None else parsed
+    if width is None:
+        width = height if spec.crop_width is None else round(height * spec.crop_width / spec.crop)
+    return height, width
+
+
+def _preset(preset: str) -> Preset:
     try:
-        spec = PRESETS[preset]
+        return PRESETS[preset]
     except KeyError:
         raise KeyError(f"unknown transform preset {preset!r}; known: {', '.join(PRESETS)}") from None
-    crop = spec.crop if image_size is None else int(image_size)
-    if crop < 8:
-        raise ValueError(f"image_size must be >= 8, got {image_size}")
-    resize = round(spec.resize * crop / spec.crop)
+
+
+def build_transform(preset: str, image_size: ImageSize = None) -> ImageTransform:
+    """The named preset (see the module table); ``image_size`` (S or HxW) overrides the output size."""
+    spec = _preset(preset)
+    crop, width = output_size(preset, image_size)
+    resize = round(spec.resize * max(crop, width) / spec.crop)
     ops: list[torch.nn.Module] = []
     if spec.square:
-        ops.append(AreaResize((crop, crop)) if spec.area else K.Resize((crop, crop), antialias=True))
+        ops.append(AreaResize((crop, width)) if spec.area else K.Resize((crop, width), antialias=True))
         if spec.train and spec.affine:  # border fill: the page around the strokes is white
             ops.append(K.RandomAffine(degrees=10.0, translate=(0.08, 0.08), scale=(0.9, 1.1), padding_mode="border"))
     else:
         ops.append(K.Resize(resize, side="short", antialias=True))
         ops.append(
-            K.RandomResizedCrop((crop, crop), scale=spec.scale, ratio=spec.ratio) if spec.train else K.CenterCrop(crop)
+            K.RandomResizedCrop((crop, width), scale=spec.scale, ratio=spec.ratio) if spec.train
+            else K.CenterCrop((crop, width))
         )
     if spec.train and spec.flip:
         ops.append(K.RandomHorizontalFlip())

@@ -38,23 +38,64 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
+ARCHITECTURE_KEYS = ("backbone", "pooling", "gem_p", "gem_learnable", "layer_norm", "embedding_dim", "kwargs")
+"""The ``model`` settings that shape its weights: taken from the checkpoint named by ``model.init``."""
+
+
 def build_model(cfg: ExperimentConfig) -> nn.Module:
-    """``rankopt.models.create_model`` from ``cfg.model``."""
+    """``rankopt.models.create_model`` from ``cfg.model``; with ``model.init`` the checkpoint's weights are loaded
+    (the architecture must already be the checkpoint's: :func:`adopt_init_model`)."""
     from rankopt.models import create_model
 
     m = cfg.model
-    return create_model(m.backbone, pretrained=m.pretrained, pooling=m.pooling, gem_p=m.gem_p,
-                        gem_learnable=m.gem_learnable, layer_norm=m.layer_norm, embedding_dim=m.embedding_dim,
-                        freeze_bn=m.freeze_bn, **m.kwargs)
+    model = create_model(m.backbone, pretrained=m.pretrained, pooling=m.pooling, gem_p=m.gem_p,
+                         gem_learnable=m.gem_learnable, layer_norm=m.layer_norm, embedding_dim=m.embedding_dim,
+                         freeze_bn=m.freeze_bn, freeze=m.freeze, **m.kwargs)
+    if m.init is not None:
+        state = _model_state(m.init)
+        try:
+            model.load_state_dict(state["model"])
+        except RuntimeError as err:
+            raise ValueError(f"model.init={m.init!r}: its weights do not fit model {m.backbone!r} "
+                             f"({str(err).splitlines()[0]}); run the config through adopt_init_model") from None
+    return model
+
+
+def _model_state(path: str | Path, device: torch.device | str = "cpu") -> dict[str, Any]:
+    state = ckpt.load_checkpoint(path, map_location=device)
+    if "model" not in state or "config" not in state:
+        raise ValueError(f"{str(path)!r} is not a rankopt checkpoint (no 'model'/'config' entry): released weights "
+                         "become one with `rankopt convert BACKBONE WEIGHTS --out MODEL.ckpt`")
+    return state
+
+
+def adopt_init_model(cfg: ExperimentConfig) -> tuple[ExperimentConfig, list[str]]:
+    """``cfg`` with the model architecture (:data:`ARCHITECTURE_KEYS`) of the ``model.init`` checkpoint, and notes
+    on what changed (the run's other model settings, e.g. ``freeze``/``freeze_bn``, are kept; weights are loaded
+    by :func:`build_model`). Without ``model.init``: ``cfg`` unchanged."""
+    if cfg.model.init is None:
+        return cfg, []
+    source = apply_overrides(_model_state(cfg.model.init)["config"])
+    kept = {k: getattr(source.model, k) for k in ARCHITECTURE_KEYS}
+    kept["kwargs"] = {k: v for k, v in source.model.kwargs.items() if k != "pretrained_path"}
+    notes = [f"model.{k}: {getattr(cfg.model, k)!r} -> {v!r}" for k, v in kept.items() if getattr(cfg.model, k) != v]
+    test_inputs = (source.data.test_transform, source.data.image_size)
+    if (cfg.data.test_transform, cfg.data.image_size) != test_inputs:
+        notes.append(f"note: this run's test transform {cfg.data.test_transform!r} (image_size "
+                     f"{cfg.data.image_size}) differs from the init checkpoint's {test_inputs[0]!r} (image_size "
+                     f"{test_inputs[1]}); its weights expect that preset's input convention")
+    model = dataclasses.replace(cfg.model, pretrained=False, **kept)
+    return dataclasses.replace(cfg, model=model), notes
 
 
 def model_from_checkpoint(path: str | Path, device: torch.device | str = "cpu") -> tuple[nn.Module, ExperimentConfig]:
-    """The model of a training checkpoint (weights-only loading; no download) in eval mode, and its config."""
-    state = ckpt.load_checkpoint(path, map_location=device)
-    if "model" not in state or "config" not in state:
-        raise ValueError(f"{str(path)!r} is not a rankopt training checkpoint (no 'model'/'config' entry)")
+    """The model of a rankopt checkpoint (training or ``rankopt convert``; weights-only loading, no download) in
+    eval mode, and its config."""
+    state = _model_state(path, device)
     cfg = apply_overrides(state["config"])
-    model = build_model(dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, pretrained=False)))
+    kwargs = {k: v for k, v in cfg.model.kwargs.items() if k != "pretrained_path"}  # the weights are here
+    cfg = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, pretrained=False, init=None, kwargs=kwargs))
+    model = build_model(cfg)
     model.load_state_dict(state["model"])
     return model.to(device).eval(), cfg
 

@@ -1,15 +1,22 @@
 """Atomic checkpoints that load without executing pickled code.
 
-A checkpoint is a plain dict of containers, numbers, strings and tensors
+A training checkpoint is a plain dict of containers, numbers, strings and tensors
 (model/optimizer/scheduler/scaler/memory/sampler state dicts, RNG states, the
 config as a dict). It is written to a temporary file in the same folder,
 flushed and fsynced, then renamed over the target with ``os.replace``, so a
 crash never leaves a truncated checkpoint. Loading uses
 ``torch.load(weights_only=True)``, which refuses arbitrary pickled objects.
+
+A *model* checkpoint (``rankopt convert``: released weights, no training state) is a
+safetensors file: the model's tensors, and in its header metadata the run config
+(``rankopt_config``, JSON) and where the weights came from (``rankopt_source``).
+:func:`load_checkpoint` reads both kinds (recognised by their first bytes) into the
+same ``{"model": state_dict, "config": dict, ...}`` shape.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import pickle
 import random
@@ -27,14 +34,32 @@ LAST = "last.ckpt"
 BEST = "best.ckpt"
 
 
+MODEL_FORMAT = "rankopt-model-checkpoint/1"
+
+
 def save_checkpoint(path: str | Path, state: Mapping[str, Any]) -> Path:
     """Write ``state`` atomically to ``path`` (temp file + fsync + ``os.replace``)."""
+    return _write_atomically(path, lambda handle: torch.save(dict(state), handle))
+
+
+def save_model_checkpoint(path: str | Path, model_state: Mapping[str, torch.Tensor], config: Mapping[str, Any],
+                          source: Mapping[str, Any] | None = None) -> Path:
+    """Write a weights-only model checkpoint (safetensors; config and source in its metadata) atomically."""
+    from safetensors.torch import save
+
+    tensors = {k: v.detach().cpu().clone().contiguous() for k, v in model_state.items()}  # no shared storage
+    metadata = {"format": MODEL_FORMAT, "rankopt_config": json.dumps(dict(config)),
+                "rankopt_source": json.dumps(dict(source or {}))}
+    return _write_atomically(path, lambda handle: handle.write(save(tensors, metadata=metadata)))
+
+
+def _write_atomically(path: str | Path, write: Any) -> Path:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
         with os.fdopen(fd, "wb") as handle:
-            torch.save(dict(state), handle)
+            write(handle)
             handle.flush()
             os.fsync(handle.fileno())
         os.replace(tmp, path)
@@ -54,6 +79,8 @@ def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") 
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"checkpoint {str(path)!r} does not exist")
+    if _is_safetensors(path):
+        return _load_model_checkpoint(path, map_location)
     try:
         state = torch.load(path, map_location=map_location, weights_only=True)
     except pickle.UnpicklingError as err:
@@ -64,6 +91,35 @@ def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") 
     if not isinstance(state, dict):
         raise ValueError(f"checkpoint {str(path)!r} holds a {type(state).__name__}, not a dict")
     return state
+
+
+def _is_safetensors(path: Path) -> bool:
+    """A safetensors file starts with its header's length (8 bytes, little endian) and then ``{``."""
+    with path.open("rb") as handle:
+        head = handle.read(9)
+    return len(head) == 9 and head[8:9] == b"{" and 0 < int.from_bytes(head[:8], "little") < path.stat().st_size
+
+
+def _load_model_checkpoint(path: Path, map_location: str | torch.device) -> dict[str, Any]:
+    """``{"model", "config", "source"}`` of a :func:`save_model_checkpoint` file."""
+    from safetensors import safe_open
+    from safetensors.torch import load_file
+
+    try:
+        with safe_open(str(path), framework="pt") as handle:
+            metadata = handle.metadata() or {}
+        model = load_file(str(path), device=str(map_location))
+    except Exception as err:  # safetensors raises its own error types
+        raise ValueError(f"cannot read model checkpoint {str(path)!r}: {err}") from None
+    if metadata.get("format") != MODEL_FORMAT or "rankopt_config" not in metadata:
+        raise ValueError(f"{str(path)!r} is a safetensors file but not a rankopt model checkpoint (no "
+                         f"format={MODEL_FORMAT!r} metadata): released weights go through `rankopt convert` "
+                         "or model.kwargs.pretrained_path")
+    try:
+        config, source = json.loads(metadata["rankopt_config"]), json.loads(metadata.get("rankopt_source", "{}"))
+    except json.JSONDecodeError as err:
+        raise ValueError(f"model checkpoint {str(path)!r}: unreadable config metadata ({err})") from None
+    return {"model": model, "config": config, "source": source}
 
 
 def _refused_message(path: Path, torch_message: str) -> str:

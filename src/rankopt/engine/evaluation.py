@@ -11,6 +11,12 @@ index. A query split carrying revisitop ground truth (``dataset.metadata["ground
 Revisited Oxford/Paris) is scored with the Easy/Medium/Hard protocol of
 ``rankopt.metrics.landmarks`` (keys ``medium/map``, ...).
 
+open-metric-learning's per-item columns (the ``csv`` dataset): ``metadata["sequence"]`` (a string per
+item, ``""``: none) makes each query ignore the references of its sequence, by index, as it ignores
+itself (exclusion groups of :func:`rankopt.metrics.evaluate`, numbered jointly over the query and gallery
+splits); ``metadata["category"]`` on the query split adds every metric per query category
+(``EvaluationResult.by_category``; each query still retrieves from the whole gallery, as in OML).
+
 Face protocol (IJB-C, Smooth-AP §5.1 and §6.3): a self-retrieval split whose metadata has
 ``media`` (``(N,)`` the media id of each item; a video's frames share one) is scored on media
 instances, each the mean of its items' embeddings (``rankopt.metrics.verification.group_mean``,
@@ -19,7 +25,9 @@ share their labels. The means are not normalised here: cosine scoring normalises
 (``rankopt.similarity.prepare``). With ``templates`` (``(M, 2)`` rows ``(template_id, item_index)``)
 and ``template_pairs`` (``(P, 3)`` rows ``(template1, template2, label)``) too, the 1:1 verification
 TARs (``tar@far=1e-06`` ... ``tar@far=1e-01``, ``rankopt.metrics.verification.verification_metrics``
-on the whitened item embeddings) join the retrieval metrics.
+on the whitened item embeddings) join the retrieval metrics. Without templates, ``tar@far=F`` names in the
+metrics verify every pair of a self-retrieval split (genuine: same finest label;
+``rankopt.metrics.verification.all_pairs_tar_at_far``), e.g. Yale B's test identities.
 """
 
 from __future__ import annotations
@@ -36,8 +44,10 @@ import torch
 from torch.utils.data import DataLoader, Dataset, Subset
 
 from rankopt.config import EvalConfig
-from rankopt.engine.logging import progress
+from rankopt.engine.logging import bars_shown, progress
 from rankopt.postprocess import PostProcessing
+
+SEQUENCE, CATEGORY = "sequence", "category"  # per-item metadata keys: exclusion groups, query categories
 
 
 @dataclass
@@ -176,15 +186,38 @@ def _media_instances(split: EmbeddedSplit, embeddings: torch.Tensor) -> tuple[to
     return means, labels
 
 
+def sequence_groups(query: EmbeddedSplit, ref: EmbeddedSplit) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """``(query_groups, ref_groups)`` int64 from ``metadata["sequence"]``, one id per distinct sequence
+    over both splits, ``-1`` where empty (or where a split has no sequences); ``None`` when neither has any."""
+    if SEQUENCE not in query.metadata and SEQUENCE not in ref.metadata:
+        return None
+    names = np.concatenate([np.asarray(split.metadata.get(SEQUENCE, [""] * len(split.paths)), dtype=str).reshape(-1)
+                            for split in (query, ref)])
+    if names.size != len(query.paths) + len(ref.paths):
+        raise ValueError(f"metadata['sequence'] must hold one entry per item ({len(query.paths)} queries, {len(ref.paths)} references)")
+    codes = np.where(names == "", -1, np.unique(names, return_inverse=True)[1].reshape(-1))
+    groups = torch.as_tensor(codes.astype(np.int64))
+    return groups[: len(query.paths)], groups[len(query.paths) :]
+
+
+def query_categories(query: EmbeddedSplit) -> list[str | None] | None:
+    """Each query's ``metadata["category"]`` (``None`` where empty), or ``None`` without categories."""
+    if CATEGORY not in query.metadata:
+        return None
+    return [str(c) or None for c in np.asarray(query.metadata[CATEGORY]).reshape(-1)]
+
+
 def score(splits: Sequence[EmbeddedSplit], cfg: EvalConfig, *, device: torch.device | str | None = None,
           metrics: Sequence[str] | None = None, show_progress: bool = False,
           postprocessing: PostProcessing | None = None) -> Any:
     """``rankopt.metrics.evaluate`` on one split (self-retrieval) or two (query, gallery);
     the revisitop protocol (all its metrics) when the query split has landmark ground truth.
     When the query split's metadata has ``gallery_contains_queries``, each query's copy in the
-    gallery (:func:`query_ref_index`) is excluded from its results. A self-retrieval split with
-    ``media`` metadata is scored on media instances, plus the verification TARs when it has
-    ``templates`` and ``template_pairs`` (the face protocol, module docstring).
+    gallery (:func:`query_ref_index`) is excluded from its results. With ``sequence`` metadata each query
+    also ignores its sequence (:func:`sequence_groups`); with ``category`` metadata on the query split the
+    result has ``by_category``. A self-retrieval split with ``media`` metadata is scored on media
+    instances, plus the verification TARs when it has ``templates`` and ``template_pairs`` (the face
+    protocol, module docstring).
 
     ``postprocessing`` (``rankopt.postprocess``): whitening, then DBA of the gallery and αQE of
     the queries, applied to the embeddings before scoring. With DBA/αQE a self-retrieval split is
@@ -199,6 +232,9 @@ def score(splits: Sequence[EmbeddedSplit], cfg: EvalConfig, *, device: torch.dev
     ref = splits[1] if len(splits) == 2 else None
     if ref is not None and any("media" in split.metadata for split in splits):
         raise ValueError("media averaging (metadata['media']) serves self-retrieval only: score one split, not a query and a gallery")
+    if "media" in query.metadata and (SEQUENCE in query.metadata or CATEGORY in query.metadata):
+        raise ValueError("metadata['sequence'] and metadata['category'] are per item; media averaging (metadata['media']) scores media instances")
+    groups = sequence_groups(query, query if ref is None else ref)
     own = None
     if ref is not None and query.metadata.get("gallery_contains_queries"):
         own = query_ref_index(query.paths, ref.paths)
@@ -218,14 +254,28 @@ def score(splits: Sequence[EmbeddedSplit], cfg: EvalConfig, *, device: torch.dev
         values = revisited_map(pairwise(query_emb, ref_emb, cfg.similarity), ground_truth)
         without = int(values.get("medium/num_queries_without_positive", 0))
         return EvaluationResult({k: v for k, v in values.items() if "num_queries" not in k}, len(ground_truth), without)
+    query_groups, ref_groups = groups if groups is not None else (None, None)
+    from rankopt.metrics.verification import parse_far_keys
+
+    names, fars = parse_far_keys(list(metrics or cfg.metrics))
     result = evaluate(query_emb, query_labels, ref_emb, ref_labels,
-                      metrics=list(metrics or cfg.metrics), similarity=cfg.similarity,
-                      chunk_size=cfg.chunk_size, device=device, progress=show_progress, query_ref_index=own)
+                      metrics=names, similarity=cfg.similarity,
+                      chunk_size=cfg.chunk_size, device=device, progress=bars_shown(show_progress), query_ref_index=own,
+                      query_groups=query_groups, ref_groups=None if ref_emb is None else ref_groups,
+                      query_categories=query_categories(query))
     if "media" in query.metadata and "templates" in query.metadata and "template_pairs" in query.metadata:
         from rankopt.metrics.verification import verification_metrics
 
         result.metrics |= verification_metrics(items, query.metadata["media"], query.metadata["templates"],
-                                               query.metadata["template_pairs"], similarity=cfg.similarity)
+                                               query.metadata["template_pairs"], similarity=cfg.similarity,
+                                               **({"fars": fars} if fars else {}))
+    elif fars:
+        if ref is not None:
+            raise ValueError("tar@far metrics over all pairs serve self-retrieval (one split); a query/gallery "
+                             "protocol verifies its pairs file (templates)")
+        from rankopt.metrics.verification import all_pairs_tar_at_far
+
+        result.metrics |= all_pairs_tar_at_far(query_emb, query_labels, fars, similarity=cfg.similarity)
     return result
 
 

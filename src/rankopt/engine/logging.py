@@ -6,6 +6,7 @@ import csv
 import io
 import json
 import math
+import sys
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any, TypeVar
@@ -19,9 +20,15 @@ METRICS_CSV = "metrics.csv"
 METRICS_JSON = "metrics.json"
 
 
+def bars_shown(enabled: bool = True) -> bool:
+    """Whether progress bars are drawn: asked for, and stderr is a terminal (redrawn in a log file or a
+    pipe, a bar leaves one line per update: CI logs, ``train.log``, ``> log 2>&1``)."""
+    return enabled and hasattr(sys.stderr, "isatty") and sys.stderr.isatty()
+
+
 def progress(iterable: Iterable[T], *, desc: str, total: int | None = None, enabled: bool = True) -> Iterable[T]:
-    """A tqdm progress bar over ``iterable`` (a plain iterator when disabled)."""
-    return tqdm(iterable, desc=desc, total=total, disable=not enabled, leave=False, dynamic_ncols=True)
+    """A tqdm progress bar over ``iterable`` (a plain iterator when disabled or not :func:`bars_shown`)."""
+    return tqdm(iterable, desc=desc, total=total, disable=not bars_shown(enabled), leave=False, dynamic_ncols=True)
 
 
 def echo(message: str) -> None:

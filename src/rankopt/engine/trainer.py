@@ -44,8 +44,8 @@ from torch.utils.data import DataLoader, Subset
 from rankopt.checks import check_finite_scalar
 from rankopt.config import ExperimentConfig, config_to_dict, save_config
 from rankopt.engine import checkpoint as ckpt
-from rankopt.engine.assembly import (build_datasets, build_loss, build_model, build_sampler, build_transforms,
-                                     resolve_device, seed_everything)
+from rankopt.engine.assembly import (adopt_init_model, build_datasets, build_loss, build_model, build_sampler,
+                                     build_transforms, resolve_device, seed_everything)
 from rankopt.engine import run_folder
 from rankopt.engine.distributed import average_gradients
 from rankopt.engine.evaluation import EmbeddedSplit, autocast_context, embed_dataset, evaluate_model
@@ -60,8 +60,8 @@ STEPS_CSV = "steps.csv"
 
 
 def _scores(record: dict[str, Any]) -> dict[str, float]:
-    """The metric values of an evaluation record (without the query counts)."""
-    return {k: v for k, v in record.items() if not k.startswith("num_")}
+    """The metric values of an evaluation record (without the query counts and per-category tables)."""
+    return {k: v for k, v in record.items() if not k.startswith("num_") and k != "by_category"}
 
 
 class _SkipBatches:
@@ -104,6 +104,7 @@ class Trainer:
             unknown = [d for d in cfg.train.diagnostics if d not in DIAGNOSTICS]
             if unknown:
                 raise ValueError(f"train.diagnostics: unknown {unknown}; known: {', '.join(DIAGNOSTICS)}")
+        cfg, init_notes = adopt_init_model(cfg)
         self.cfg = cfg
         self.run_info = dict(run_info or {})
         info = init_distributed()  # one process unless launched by torchrun
@@ -114,6 +115,8 @@ class Trainer:
         self.run_dir = Path(run_dir or cfg.output.dir or Path("runs") / f"{cfg.name}-{stamp}")
         seed_everything(cfg.train.seed + self.rank)
         self.show = cfg.output.progress and self.is_main
+        for note in init_notes if self.is_main else ():
+            echo(f"model.init {cfg.model.init}: {note}")
 
         self.train_ds, self.eval_ds = build_datasets(cfg)
         self.batch_transforms = build_transforms(cfg) if cfg.data.batch_transform else (None, None)
@@ -176,6 +179,7 @@ class Trainer:
         self.best: dict[str, Any] = {"metric": cfg.train.best_metric, "value": None, "epoch": None}
         self.logger = RunLogger(self.run_dir, tensorboard=cfg.output.tensorboard) if self.is_main else None
         self.last_splits: list[EmbeddedSplit] = []
+        self.last_by_category: dict[str, Any] = {}
         self._backbone_params = list(self.model.backbone_parameters())
         if cfg.train.resume:
             path = ckpt.resolve_resume(cfg.train.resume, self.run_dir)
@@ -395,6 +399,7 @@ class Trainer:
         metrics = dict(result.metrics)
         metrics["num_queries"] = result.num_queries
         metrics["num_queries_without_positive"] = result.num_queries_without_positive
+        self.last_by_category = result.to_record().get("by_category", {})  # OML categories (csv): report.json only
         return metrics
 
     def _record(self, metrics: dict[str, float], loss: float) -> None:
@@ -445,6 +450,7 @@ class Trainer:
         if not self.last_splits:  # resumed after the last evaluation: embed once more for the figures
             self.evaluate()
         metric_keys = list(self.cfg.eval.metrics)
+        cfg_epochs = self.cfg.train.epochs
         pick = lambda rec: {k: rec[k] for k in rec if k in metric_keys or k.startswith("num_")}  # noqa: E731
         d = self.cfg.data
         first = next(iter(self.eval_ds.values()))
@@ -454,7 +460,8 @@ class Trainer:
             "wall_seconds": round(seconds, 1),
             "images_per_second": round(self.images_seen / self.train_seconds, 1) if self.train_seconds else None,
             "untrained": pick(history[0]) if history else {},
-            "trained": pick(evaluated[-1]) if evaluated else {},
+            # train.epochs=0 (a reference row: the initial model, e.g. released weights): trained = untrained
+            "trained": pick(evaluated[-1]) if evaluated else pick(history[0]) if history and not cfg_epochs else {},
             "best": self.best,
             "data": {"name": d.name, "root": d.root, "eval_name": d.eval_name or d.name,
                      "level_names": list(getattr(first, "level_names", [])),
@@ -464,6 +471,8 @@ class Trainer:
             "loss": {"name": self.cfg.loss.name, "kwargs": dict(self.cfg.loss.kwargs), "repr": repr(self.loss_fn)},
             "machine": run_folder.machine_info(self.device),
         }
+        if self.last_by_category and report["trained"]:
+            report["trained"]["by_category"] = self.last_by_category
         if self.is_main:
             trained = report["trained"]
             echo(format_table({"untrained": _scores(report["untrained"]), "trained": _scores(trained)},

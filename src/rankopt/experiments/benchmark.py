@@ -1,16 +1,22 @@
-"""The Omniglot benchmark: every rank loss of the four papers (and the classic baselines) trained and
-evaluated under identical settings, over seeds, then compared (``rankopt.report.compare``).
+"""The benchmarks: losses (and reference rows) trained and evaluated under identical settings, over seeds,
+then compared (``rankopt.report.compare``).
 
-Settings are the ``omniglot`` recipe (2 CPU cores; see its comments); each loss keeps its paper's
-hyper-parameters. ``quick`` shrinks everything (4 alphabets per split, a few steps) so the whole
-grid runs in minutes, for CI. The learning rate of the recipe is chosen by :func:`tuning_specs`
-runs, which train on the training alphabets minus 20 % held-out alphabets and evaluate on those
-held-out alphabets (never on the test alphabets).
+- ``omniglot``: every rank loss of the four papers and the classic baselines, from scratch (recipe ``omniglot``).
+- ``caltech101``: an ImageNet-pretrained MobileNetV2 fine-tuned on Caltech-101's training classes (recipe
+  ``caltech101``) by ten losses, with two reference rows: the pretrained features without fine-tuning, and
+  ROADMAP from random weights.
+- ``yaleb``: the released MobileFaceNet zero-shot on Yale B's test identities, and fine-tuned by Smooth-AP,
+  ROADMAP, contrastive and triplet (Smooth-AP §6.3 / Table 4 in miniature; recipe ``yaleb_mobilefacenet``).
+
+Each loss keeps its paper's hyper-parameters. ``quick`` shrinks everything so the whole grid runs in
+minutes, for CI. The learning rate of a recipe is chosen by :func:`tuning_specs` runs, which train on the
+training classes minus 20 % held out and evaluate on those held-out classes (never on the test classes).
 """
 
 from __future__ import annotations
 
 import json
+import os
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -18,17 +24,6 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from rankopt.experiments.runner import RunOutcome, RunSpec, run_grid
-
-BENCHMARKS: dict[str, tuple[str, tuple[str, ...]]] = {
-    "omniglot": ("omniglot", ("data.kwargs.alphabets=4", "train.batch_size=64", "train.sampler_kwargs.super_classes_per_batch=2",
-                              "train.sampler_kwargs.batches_per_super_tuple=2", "train.epochs=1",
-                              "train.max_steps_per_epoch=12", "train.eval_every=1", "output.map_points=300")),
-    "sop": ("roadmap_sop_resnet50", ("train.epochs=1", "train.max_steps_per_epoch=20")),
-    "cub": ("roadmap_cub_resnet50", ("train.epochs=1", "train.max_steps_per_epoch=20")),
-    "inat": ("roadmap_inat_resnet50", ("train.epochs=1", "train.max_steps_per_epoch=20")),
-}
-"""Benchmark name -> (recipe, its ``--quick`` overrides). Omniglot runs on this machine; SOP, CUB and
-iNaturalist use the papers' recipes (ResNet-50, 224 px: a GPU machine) with the same command."""
 
 LOSSES: dict[str, tuple[str, ...]] = {
     "smooth_ap": ("loss.name=smooth_ap",),  # Smooth-AP, tau = 0.01 (ECCV'20)
@@ -46,11 +41,71 @@ LOSSES: dict[str, tuple[str, ...]] = {
     "happier": ("loss.name=happier",),
     "rod_ndcg": ("loss.name=rod_ndcg",),
 }
-"""The default losses: run name -> overrides (the group key of the comparison is ``loss.name``)."""
+"""The Omniglot benchmark's losses: run name -> overrides (the group key of the comparison is ``loss.name``)."""
+
+PHOTO_LOSSES = ("smooth_ap", "sup_ap", "roadmap", "fastap", "softbin_ap", "rod_ap", "triplet", "contrastive",
+                "multi_similarity", "normalized_softmax")
+FACE_LOSSES = ("smooth_ap", "roadmap", "contrastive", "triplet")  # Smooth-AP Table 4's rows
+WEIGHTS = "{weights}"
+"""Stands, in a row's overrides, for the pretrained weights file given to the benchmark (``--weights``)."""
+
+
+@dataclass(frozen=True)
+class Benchmark:
+    """A benchmark: a recipe, the rows it compares (row name -> overrides) and how they are grouped.
+
+    ``group_by``: the config key(s) the comparison groups runs by; with ``("name",)`` every run gets
+    ``name=<row>``, so rows may share a loss (reference rows). ``weights_env``: the environment variable
+    naming the pretrained weights file that replaces :data:`WEIGHTS` in overrides (or ``--weights``);
+    ``root_env``: the one naming the dataset folder (or ``--root``).
+    """
+
+    recipe: str
+    quick: tuple[str, ...]
+    rows: dict[str, tuple[str, ...]]
+    baseline: str = "smooth_ap"
+    group_by: tuple[str, ...] = ("loss.name",)
+    tuning_rows: tuple[str, ...] = ("roadmap", "smooth_ap", "triplet")
+    lrs: tuple[float, ...] = (3e-4, 1e-3, 3e-3)
+    weights_env: str | None = None
+    root_env: str | None = None  # the environment variable naming the dataset folder when --root is not given
+
+
+_PRETRAINED = ("model.pretrained=true", f"model.kwargs.pretrained_path={WEIGHTS}")
+_RELEASED = ("train.epochs=0",)  # the released weights evaluated as they are: every seed gives the same values
+
+BENCHMARKS: dict[str, Benchmark] = {
+    "omniglot": Benchmark("omniglot", ("data.kwargs.alphabets=4", "train.batch_size=64",
+                                       "train.sampler_kwargs.super_classes_per_batch=2",
+                                       "train.sampler_kwargs.batches_per_super_tuple=2",
+                                       # 12 steps as 3 epochs of 4: learning curves of 4 evaluations
+                                       "train.epochs=3", "train.max_steps_per_epoch=4", "output.map_points=300"),
+                          LOSSES),
+    # ImageNet-pretrained MobileNetV2 fine-tuned on Caltech-101's first 50 classes (recipe caltech101), every loss
+    # under identical settings; reference rows: the pretrained features as they are, and ROADMAP from random weights
+    "caltech101": Benchmark(
+        "caltech101", ("train.epochs=1", "train.max_steps_per_epoch=3", "data.image_size=64", "output.map_points=300"),
+        {"pretrained": (*_PRETRAINED, *_RELEASED),
+         **{loss: (f"loss.name={loss}", *_PRETRAINED) for loss in PHOTO_LOSSES},
+         "roadmap_random_init": ("loss.name=roadmap", "model.pretrained=false", "model.freeze=[]")},
+        group_by=("name",), weights_env="RANKOPT_WEIGHTS_MOBILENETV2", root_env="RANKOPT_CALTECH101",
+        lrs=(3e-5, 1e-4, 3e-4)),
+    # Smooth-AP §6.3 in miniature: the released MobileFaceNet (CASIA-WebFace) zero-shot on the test identities of
+    # Extended Yale B, then fine-tuned on its training identities with Table 4's losses
+    "yaleb": Benchmark(
+        "yaleb_mobilefacenet", ("train.epochs=1", "train.max_steps_per_epoch=3"),
+        {"released": (*_PRETRAINED, *_RELEASED),
+         **{loss: (f"loss.name={loss}", *_PRETRAINED) for loss in FACE_LOSSES}},
+        baseline="released", group_by=("name",), tuning_rows=("smooth_ap", "contrastive"),
+        weights_env="RANKOPT_WEIGHTS_MOBILEFACENET", root_env="RANKOPT_YALEB", lrs=(1e-5, 1e-4, 1e-3)),
+    "sop": Benchmark("roadmap_sop_resnet50", ("train.epochs=1", "train.max_steps_per_epoch=20"), LOSSES),
+    "cub": Benchmark("roadmap_cub_resnet50", ("train.epochs=1", "train.max_steps_per_epoch=20"), LOSSES),
+    "inat": Benchmark("roadmap_inat_resnet50", ("train.epochs=1", "train.max_steps_per_epoch=20"), LOSSES),
+}
+"""Benchmark name -> definition. Omniglot, Caltech-101 and Yale B run on this machine; SOP, CUB and iNaturalist
+use the papers' recipes (ResNet-50, 224 px: a GPU machine) with the same command."""
 
 BASELINE = "smooth_ap"
-TUNING_LOSSES = ("roadmap", "smooth_ap", "triplet")
-TUNING_LRS = (3e-4, 1e-3, 3e-3)
 VALIDATION = ("data.validation_fraction=0.2",)
 
 
@@ -62,48 +117,66 @@ class BenchmarkResult:
     comparison: dict[str, Path]
 
 
-def _common(benchmark: str, root: str | None, quick: bool, extra: Sequence[str]) -> tuple[str, tuple[str, ...]]:
-    """The benchmark's recipe and the overrides every one of its runs shares."""
-    if benchmark not in BENCHMARKS:
-        raise ValueError(f"unknown benchmark {benchmark!r}; known: {', '.join(BENCHMARKS)}")
+def get_benchmark(name: str) -> Benchmark:
+    if name not in BENCHMARKS:
+        raise ValueError(f"unknown benchmark {name!r}; known: {', '.join(BENCHMARKS)}")
+    return BENCHMARKS[name]
+
+
+def _common(benchmark: Benchmark, name: str, root: str | None, quick: bool, extra: Sequence[str]) -> tuple[str, ...]:
+    """The overrides every run of the benchmark shares."""
+    root = root or (os.environ.get(benchmark.root_env) if benchmark.root_env else None)
     if root is not None and not Path(root).expanduser().exists():
-        raise FileNotFoundError(f"benchmark {benchmark!r}: dataset folder {root!r} does not exist")
-    recipe, quick_overrides = BENCHMARKS[benchmark]
-    return recipe, ((f"data.root={root}",) if root else ()) + (quick_overrides if quick else ()) + tuple(extra)
+        raise FileNotFoundError(f"benchmark {name!r}: dataset folder {root!r} does not exist")
+    return ((f"data.root={root}",) if root else ()) + (benchmark.quick if quick else ()) + tuple(extra)
 
 
-def _check_losses(losses: Sequence[str]) -> list[str]:
-    unknown = [n for n in losses if n not in LOSSES]
+def _rows(benchmark: Benchmark, name: str, rows: Sequence[str] | None, weights: str | None) -> dict[str, tuple[str, ...]]:
+    """The chosen rows' overrides with the weights file in place (``name=<row>`` when rows are grouped by name)."""
+    chosen = list(rows or benchmark.rows)
+    unknown = [r for r in chosen if r not in benchmark.rows]
     if unknown:
-        raise ValueError(f"unknown benchmark loss(es) {unknown}; known: {', '.join(LOSSES)}")
-    return list(losses)
+        raise ValueError(f"unknown benchmark loss(es)/row(s) {unknown} for {name!r}; known: {', '.join(benchmark.rows)}")
+    if any(WEIGHTS in o for r in chosen for o in benchmark.rows[r]):
+        weights = weights or (os.environ.get(benchmark.weights_env) if benchmark.weights_env else None)
+        if not weights:
+            raise ValueError(f"benchmark {name!r} starts from pretrained weights: pass --weights FILE"
+                             + (f" or set {benchmark.weights_env}" if benchmark.weights_env else ""))
+        if not Path(weights).is_file():
+            raise FileNotFoundError(f"benchmark {name!r}: weights file {weights!r} does not exist")
+    named = benchmark.group_by == ("name",)
+    return {r: ((f"name={r}",) if named else ()) + tuple(o.replace(WEIGHTS, str(weights)) for o in benchmark.rows[r])
+            for r in chosen}
 
 
 def benchmark_specs(
     benchmark: str = "omniglot", *, root: str | None = None, losses: Sequence[str] | None = None,
-    seeds: Sequence[int] = (0, 1, 2), quick: bool = False, extra: Sequence[str] = (),
+    seeds: Sequence[int] = (0, 1, 2), quick: bool = False, extra: Sequence[str] = (), weights: str | None = None,
 ) -> list[RunSpec]:
-    """One run per (loss, seed): ``<loss>-s<seed>``, the benchmark's recipe plus the loss's overrides; the
+    """One run per (row, seed): ``<row>-s<seed>``, the benchmark's recipe plus the row's overrides; the
     figures drawn from the final embeddings (grid, PR curves, t-SNE map) only for the first seed."""
-    names = _check_losses(losses or list(LOSSES))
     if not seeds:
         raise ValueError("need at least one seed")
-    recipe, common = _common(benchmark, root, quick, extra)
+    bench = get_benchmark(benchmark)
+    rows = _rows(bench, benchmark, losses, weights)
+    common = _common(bench, benchmark, root, quick, extra)
     figures = lambda seed: () if seed == seeds[0] else ("output.embedding_figures=false",)  # noqa: E731
-    return [RunSpec(f"{name}-s{seed}", recipe, (*LOSSES[name], f"train.seed={seed}", *common, *figures(seed)),
+    return [RunSpec(f"{name}-s{seed}", bench.recipe, (*overrides, f"train.seed={seed}", *common, *figures(seed)),
                     tags={"loss": name, "seed": str(seed)})
-            for name in names for seed in seeds]
+            for name, overrides in rows.items() for seed in seeds]
 
 
 def tuning_specs(
     benchmark: str = "omniglot", *, root: str | None = None, quick: bool = False, extra: Sequence[str] = (),
-    lrs: Sequence[float] = TUNING_LRS, losses: Sequence[str] = TUNING_LOSSES,
+    lrs: Sequence[float] | None = None, losses: Sequence[str] | None = None, weights: str | None = None,
 ) -> list[RunSpec]:
     """The learning-rate grid on the validation split carved from the training classes (seed 0)."""
-    recipe, common = _common(benchmark, root, quick, (*VALIDATION, *extra))
-    return [RunSpec(f"{name}-lr{lr:g}", recipe, (*LOSSES[name], f"optim.lr={lr}", "train.seed=0", *common),
+    bench = get_benchmark(benchmark)
+    rows = _rows(bench, benchmark, losses or bench.tuning_rows, weights)
+    common = _common(bench, benchmark, root, quick, (*VALIDATION, *extra))
+    return [RunSpec(f"{name}-lr{lr:g}", bench.recipe, (*overrides, f"optim.lr={lr}", "train.seed=0", *common),
                     tags={"loss": name, "lr": f"{lr:g}"})
-            for name in _check_losses(losses) for lr in lrs]
+            for name, overrides in rows.items() for lr in (lrs or bench.lrs)]
 
 
 def select_learning_rate(outcomes: Sequence[RunOutcome], metric: str = "map@r") -> tuple[float, dict[str, dict[str, float]]]:

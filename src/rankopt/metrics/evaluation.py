@@ -5,7 +5,9 @@ Conventions (see the metric modules for the formulas):
 * The retrieval set of a query is the gallery minus the query's own item, excluded by
   index: with ``ref_embeddings=None`` the query set is the gallery and the own item is the
   query itself; with a separate gallery that contains the queries (DyML), ``query_ref_index``
-  gives each query's copy (``-1``: none). Retrieval-set sizes may thus differ per query.
+  gives each query's copy (``-1``: none). Exclusion groups (``query_groups``/``ref_groups``, e.g.
+  open-metric-learning's ``sequence``) exclude, by index too, every reference of the query's group
+  (:mod:`rankopt.metrics.groups`). Retrieval-set sizes may thus differ per query.
 * Ties are pessimistic: ``rank(j) = 1 + #{k != j : s_k >= s_j}``, for every metric.
 * A query for which a metric is undefined (no positive at the finest level for binary
   metrics, no item at level >= 1 for H-AP/ΣwAP/ASI, zero ideal gain for NDCG, no positive
@@ -27,11 +29,12 @@ Conventions (see the metric modules for the formulas):
   top-k lists are merged block by block, and ``map``/``mrr`` gather the positives' scores in a
   first pass over the blocks and count the items scoring at least as high in a second one.
   Hierarchical metrics need whole sorted rows and are refused there.
+* ``query_categories``: the values are also averaged over the queries of each category, every query
+  retrieving from the whole gallery (``EvaluationResult.by_category``).
 """
 
 from __future__ import annotations
 
-import functools
 import math
 import re
 from collections.abc import Iterator, Sequence
@@ -40,11 +43,11 @@ from dataclasses import dataclass, field
 import torch
 from tqdm.auto import tqdm
 
-from rankopt.checks import check_embeddings, check_labels
 from rankopt.metrics.binary import from_positive_ranks, sorted_positive_scores, topk_metrics
+from rankopt.metrics.groups import CategoryTotals, ExclusionGroups, category_codes
 from rankopt.metrics.hierarchical import LevelIndex, RankedLevels, hierarchical_metrics
 from rankopt.metrics.ranking import ClassIndex, count_at_least, count_below, list_ranks, sorted_rows
-from rankopt.metrics import tiled
+from rankopt.metrics import arguments, tiled
 from rankopt.metrics.threads import ThreadPool
 from rankopt.metrics.search import (
     CHUNK_BUDGET_BYTES,
@@ -110,75 +113,36 @@ def parse_metric(name: str) -> MetricSpec:
 
 @dataclass
 class EvaluationResult:
-    """Metric values (averages over the queries where each is defined) and query counts."""
+    """Metric values (averages over the queries where each is defined) and query counts;
+    ``by_category``: the same for the queries of each category (``evaluate(..., query_categories=...)``)."""
 
     metrics: dict[str, float]
     num_queries: int
     num_queries_without_positive: int
     num_excluded: dict[str, int] = field(default_factory=dict)
+    by_category: dict[str, EvaluationResult] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, object]:
-        return {
+        """``{"metrics", "num_queries", "num_queries_without_positive", "num_excluded"}``, plus
+        ``"by_category": {name: <the same dict>}`` when there are categories."""
+        out: dict[str, object] = {
             "metrics": dict(self.metrics),
             "num_queries": self.num_queries,
             "num_queries_without_positive": self.num_queries_without_positive,
             "num_excluded": dict(self.num_excluded),
         }
+        if self.by_category:
+            out["by_category"] = {name: sub.to_dict() for name, sub in self.by_category.items()}
+        return out
 
-
-def _check_inputs(
-    query_embeddings: torch.Tensor, query_labels: torch.Tensor, ref_embeddings: torch.Tensor | None, ref_labels: torch.Tensor | None
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    query = check_embeddings(query_embeddings, "query_embeddings")
-    q_labels = check_labels(query_labels, query.shape[0], "query_labels")
-    if ref_embeddings is None:
-        if ref_labels is not None:
-            raise ValueError("ref_labels given without ref_embeddings")
-        if query.shape[0] < 2:
-            raise ValueError("query_embeddings has 1 row: with the query set as gallery, each query needs another item")
-        return query, q_labels, query, q_labels
-    if ref_labels is None:
-        raise ValueError("ref_embeddings given without ref_labels")
-    ref = check_embeddings(ref_embeddings, "ref_embeddings")
-    r_labels = check_labels(ref_labels, ref.shape[0], "ref_labels")
-    if ref.shape[1] != query.shape[1]:
-        raise ValueError(f"query_embeddings have {query.shape[1]} dimensions but ref_embeddings have {ref.shape[1]}")
-    if r_labels.shape[1] != q_labels.shape[1]:
-        raise ValueError(f"query_labels have {q_labels.shape[1]} levels but ref_labels have {r_labels.shape[1]}")
-    return query, q_labels, ref, r_labels
-
-
-def _check_query_ref_index(index: object, num_queries: int, num_refs: int, self_retrieval: bool) -> torch.Tensor:
-    """``query_ref_index`` as ``(Q,)`` int64, checked: shape, integer dtype, values in ``[-1, R)``."""
-    if self_retrieval:
-        raise ValueError("query_ref_index needs ref_embeddings: with ref_embeddings=None each query is already excluded from its own results")
-    if not isinstance(index, torch.Tensor):
-        raise TypeError(f"query_ref_index must be a torch.Tensor, got {type(index).__name__}")
-    if index.dtype.is_floating_point or index.dtype.is_complex or index.dtype == torch.bool:
-        raise TypeError(f"query_ref_index must be an integer tensor (int64), got {index.dtype}")
-    if tuple(index.shape) != (num_queries,):
-        raise ValueError(f"query_ref_index must have shape ({num_queries},) (one entry per query), got {tuple(index.shape)}")
-    index = index.long()
-    bad = ((index < -1) | (index >= num_refs)).nonzero().squeeze(1)
-    if bad.numel():
-        rows = ", ".join(str(i) for i in bad[:5].tolist()) + (", ..." if bad.numel() > 5 else "")
-        raise ValueError(
-            f"query_ref_index must lie in [-1, {num_refs - 1}] (-1: no copy in the gallery); {bad.numel()} entries do not, at queries {rows}"
-        )
-    if num_refs == 1 and bool((index >= 0).any()):
-        raise ValueError("the gallery has 1 item and query_ref_index excludes it: some queries would have no item to retrieve")
-    return index
-
-
-def _check_ref_block_size(ref_block_size: int, specs: list[MetricSpec], backend: str) -> None:
-    """``ref_block_size`` serves the torch backend's top-k metrics, ``map`` and ``mrr``."""
-    if ref_block_size < 1:
-        raise ValueError(f"ref_block_size must be >= 1, got {ref_block_size}")
-    if backend != "torch":
-        raise ValueError("ref_block_size needs backend='torch' (faiss holds the whole gallery in its index)")
-    hierarchical = [s.name for s in specs if s.kind == "hierarchical"]
-    if hierarchical:
-        raise ValueError(f"metrics {hierarchical} need whole rows; evaluate without ref_block_size (--ref-block-size)")
+    def to_record(self) -> dict[str, object]:
+        """The flat record of a run's ``metrics.json``: ``{<metric>: value, "num_queries", "num_queries_without_positive"}``,
+        plus ``"by_category": {name: <the same record>}`` when there are categories."""
+        record: dict[str, object] = {**self.metrics, "num_queries": self.num_queries,
+                                     "num_queries_without_positive": self.num_queries_without_positive}
+        if self.by_category:
+            record["by_category"] = {name: sub.to_record() for name, sub in self.by_category.items()}
+        return record
 
 
 def evaluate(
@@ -196,6 +160,9 @@ def evaluate(
     query_ref_index: torch.Tensor | None = None,
     ref_block_size: int | None = None,
     method: str = "auto",
+    query_groups: torch.Tensor | None = None,
+    ref_groups: torch.Tensor | None = None,
+    query_categories: Sequence[object] | None = None,
     **options: object,
 ) -> EvaluationResult:
     """Exact retrieval metrics (names: ``recall@K``, ``true_recall@K``, ``precision@K``, ``map@r``,
@@ -212,6 +179,19 @@ def evaluate(
     and label (a query with a copy retrieves among ``R - 1`` items, one without among ``R``).
     ``ref_embeddings=None`` is the special case ``ref = query``, ``query_ref_index = arange(Q)``.
 
+    ``query_groups``/``ref_groups`` (exclusion groups, e.g. open-metric-learning's ``sequence``):
+    ``(Q,)``/``(R,)`` int64 group ids, ``-1`` (any negative) for none; query ``i`` ignores every
+    reference ``j`` with ``ref_groups[j] == query_groups[i] >= 0``, by index, as its own item: not
+    ranked, not a positive, not counted in ``R``. A query all of whose positives lie in its group has
+    no positive (``num_queries_without_positive``). ``ref_embeddings=None``: ``query_groups`` are the
+    items' groups (``ref_groups`` stays ``None``). The tiled kernels exclude only the own item:
+    ``method="auto"`` takes the chunked path with groups, and ``method="tiled"`` is refused;
+    ``backend="faiss"`` is refused too.
+
+    ``query_categories``: a name per query (``None``: none); ``EvaluationResult.by_category[name]``
+    then holds every metric averaged over that category's queries, each retrieving from the whole
+    gallery (as open-metric-learning does: the same values as evaluating those queries alone).
+
     ``ref_block_size`` (rows; default ``None``: the reference set is prepared whole, once): the
     reference set (the query set in self-retrieval) is read and prepared that many rows at a time,
     never whole, for sets larger than memory; same results. Top-k metrics, ``map`` and ``mrr``
@@ -223,7 +203,7 @@ def evaluate(
     ``"auto"`` takes the tiled kernels where they apply and the work exceeds :data:`TILED_MIN_SCORES`
     pairs. Both give the same values.
     """
-    query, q_labels, ref, r_labels = _check_inputs(query_embeddings, query_labels, ref_embeddings, ref_labels)
+    query, q_labels, ref, r_labels = arguments.check_inputs(query_embeddings, query_labels, ref_embeddings, ref_labels)
     unknown = sorted(set(options) - set(OPTIONS))
     if unknown:
         raise TypeError(f"unknown evaluate() option(s) {unknown}; known: {', '.join(OPTIONS)}")
@@ -240,7 +220,10 @@ def evaluate(
         bad = [s.name for s in specs if s.kind != "topk"]
         raise ValueError(f"backend='faiss' serves top-k metrics only; use backend='torch' for {bad}")
     if ref_block_size is not None:
-        _check_ref_block_size(ref_block_size, specs, backend)
+        arguments.check_ref_block_size(ref_block_size, specs, backend)
+    groups = arguments.check_exclusion_groups(query_groups, ref_groups, query.shape[0], ref.shape[0], ref_embeddings is None)
+    if groups is not None and backend == "faiss":
+        raise ValueError("backend='faiss' cannot exclude groups (query_groups); use backend='torch'")
     if method not in METHODS:
         raise ValueError(f"unknown method {method!r}; use one of {', '.join(METHODS)}")
     if method == "tiled" and ref_block_size is not None:
@@ -257,10 +240,12 @@ def evaluate(
     if chunk_size is not None and chunk_size < 1:
         raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
     if query_ref_index is not None:
-        own = _check_query_ref_index(query_ref_index, query.shape[0], ref.shape[0], self_retrieval).to(dev)
+        own = arguments.check_query_ref_index(query_ref_index, query.shape[0], ref.shape[0], self_retrieval).to(dev)
     else:
         own = torch.arange(query.shape[0], device=dev) if self_retrieval else None
-    ctx = _Context(specs, q_labels, r_labels, own, self_retrieval, options)
+    if groups is not None:
+        groups = ExclusionGroups(groups[0].to(dev), groups[1].to(dev))
+    ctx = _Context(specs, q_labels, r_labels, own, self_retrieval, options, groups)
     if ref_block_size is not None and ctx.full_binary and int(ctx.num_pos.max()) > MAX_COUNTED_POSITIVES:
         raise ValueError(
             f"map/mrr under ref_block_size count at most {MAX_COUNTED_POSITIVES} positives per query, but a query has "
@@ -269,24 +254,33 @@ def evaluate(
 
     sums: dict[str, float] = {s.name: 0.0 for s in specs}
     counts: dict[str, int] = {s.name: 0 for s in specs}
+    totals = None if query_categories is None else CategoryTotals(*category_codes(query_categories, query.shape[0]), list(sums))
     if ref_block_size is not None:
         per_chunk = _blocked_metrics(ctx, query, ref, similarity, chunk_size, ref_block_size, progress)
     else:
         per_chunk = _per_query_metrics(ctx, query, ref, similarity, chunk_size, backend, progress, method)
+    start = 0  # every path yields the queries' values in query order
     for per_query in per_chunk:
+        rows = slice(start, start + len(next(iter(per_query.values()))))
         for name, values in per_query.items():
             if name in sums:
                 defined = ~values.isnan()
                 sums[name] += float(values[defined].sum())
                 counts[name] += int(defined.sum())
+                if totals is not None:
+                    totals.add(name, values, rows)
+        start = rows.stop
 
     num_queries = query.shape[0]
-    return EvaluationResult(
+    result = EvaluationResult(
         metrics={name: (sums[name] / counts[name] if counts[name] else math.nan) for name in sums},
         num_queries=num_queries,
         num_queries_without_positive=int((ctx.num_pos <= 0).sum()),
         num_excluded={name: num_queries - counts[name] for name in sums},
     )
+    if totals is not None:
+        result.by_category = {name: EvaluationResult(*values) for name, values in totals.results(ctx.num_pos <= 0).items()}
+    return result
 
 
 class _Context:
@@ -300,9 +294,11 @@ class _Context:
         own: torch.Tensor | None,
         self_retrieval: bool,
         options: dict[str, object],
+        groups: ExclusionGroups | None = None,
     ) -> None:
         self.q_labels, self.r_labels, self.self_retrieval, self.options = q_labels, r_labels, self_retrieval, options
         self.own = own  # (Q,) reference excluded from each query's retrieval set (-1: none), or None
+        self.groups = groups  # each query's group of excluded references, or None
         self.num_levels = q_labels.shape[1]
         self.classes = ClassIndex(r_labels[:, 0])
         self.num_pos = self.classes.class_counts(q_labels[:, 0])
@@ -311,7 +307,13 @@ class _Context:
             has_own = own >= 0
             self.sizes -= has_own.long()
             self.num_pos -= (has_own & (r_labels[own.clamp(min=0), 0] == q_labels[:, 0])).long()
+        if groups is not None:
+            items, positives = groups.excluded_counts(q_labels[:, 0], r_labels[:, 0], own)
+            self.sizes -= items
+            self.num_pos -= positives
         self.num_refs = int(self.sizes.max())  # the largest retrieval set
+        if self.num_refs == 0:
+            raise ValueError("every reference lies in its query's exclusion group (query_groups/ref_groups): no query has an item to retrieve")
         self.topk = [(s.name, s.family, s.k) for s in specs if s.kind == "topk"]
         self.hierarchical = [(s.name, s.family, s.k) for s in specs if s.kind == "hierarchical"]
         self.full_binary = any(s.kind == "full" for s in specs)
@@ -335,19 +337,26 @@ class _Context:
         positive = self.r_labels[:, 0][idx] == self.q_labels[rows, :1]
         if self.own is not None:
             positive &= idx != self.own[rows].unsqueeze(1)
+        if self.groups is not None:
+            positive &= self.groups.outside(idx, rows)
         ranks = list_ranks(values, complete=values.shape[1] >= self.num_refs)
         return topk_metrics(ranks, positive, self.num_pos[rows], self.topk)
 
     def from_scores(self, scores: torch.Tensor, start: int) -> dict[str, torch.Tensor]:
-        """Every requested metric from one chunk of query rows ``(chunk, R)`` (excluded items scored ``-inf``)."""
+        """Every requested metric from one chunk of query rows ``(chunk, R)`` (own items scored ``-inf``; the
+        queries' groups are scored ``-inf`` here, in place)."""
         rows = slice(start, start + scores.shape[0])
-        q_fine, num_pos = self.q_labels[rows, :1], self.num_pos[rows]
+        num_pos = self.num_pos[rows]
+        if self.groups is not None:
+            self.groups.exclude(scores, rows)
         per_query: dict[str, torch.Tensor] = {}
         ascending = None  # the rows sorted without indices, where a metric needs them
         if self.hierarchical:  # from each query's relevant items and the sorted rows
             if self.level_index is None:
                 self.level_index = LevelIndex(self.r_labels)
             idx, levels = self.level_index.relevant(self.q_labels[rows], None if self.own is None else self.own[rows])
+            if self.groups is not None:
+                levels = levels * self.groups.outside(idx, rows)
             ranked = RankedLevels.from_scores(scores, idx, levels, self.sizes[rows], self.num_levels)
             per_query |= hierarchical_metrics(ranked, self.hierarchical, **self.options)  # type: ignore[arg-type]
             ascending = ranked.ascending
@@ -355,13 +364,21 @@ class _Context:
             return per_query | (self.from_lists(*scores.topk(self.list_len, dim=1), rows) if self.topk else {})
         # every binary metric from the positives' ranks #{k : s_k >= t_p}: counted for a few positives,
         # else R minus a binary search in the sorted row (excluded items, at -inf, are never counted)
-        idx, valid = self.classes.members(q_fine[:, 0], None if self.own is None else self.own[rows])
+        idx, valid = self._positives(rows)
         t, ok = sorted_positive_scores(scores.gather(1, idx), valid, scores.dtype)
         if int(num_pos.max()) <= MAX_COUNTED_POSITIVES:
             ranks = count_at_least(scores, t)
         else:
             ranks = scores.shape[1] - count_below(sorted_rows(scores) if ascending is None else ascending, t)
         return per_query | from_positive_ranks(t, ok, ranks, self.binary)
+
+    def _positives(self, rows: slice) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(idx, valid)``, both ``(rows, P)``: the references of each query's finest class, valid when
+        in its retrieval set (not its own item, not in its group)."""
+        idx, valid = self.classes.members(self.q_labels[rows, 0], None if self.own is None else self.own[rows])
+        if self.groups is not None:
+            valid &= self.groups.outside(idx, rows)
+        return idx, valid
 
     def from_blocks(self, query: torch.Tensor, ref: torch.Tensor, similarity: str, block_size: int, rows: slice) -> dict[str, torch.Tensor]:
         """Top-k metrics, ``map`` and ``mrr`` of the prepared query rows ``rows``, the reference set read in blocks.
@@ -372,11 +389,15 @@ class _Context:
         ``rank(j) = #{k : s_k >= s_j}`` (excluded items are ``-inf``: never counted).
         """
         own = None if self.own is None else self.own[rows]
-        blocks = functools.partial(ref_block_scores, query, ref, similarity=similarity, block_size=block_size, exclude=own)
+
+        def blocks() -> Iterator[tuple[int, torch.Tensor]]:  # the queries' groups scored -inf in each block
+            for start, scores in ref_block_scores(query, ref, similarity=similarity, block_size=block_size, exclude=own):
+                yield start, scores if self.groups is None else self.groups.exclude(scores, rows, start)
+
         values = torch.empty((query.shape[0], 0), dtype=query.dtype, device=query.device)
         order = torch.empty((query.shape[0], 0), dtype=torch.long, device=query.device)
         if self.full_binary:
-            idx, valid = self.classes.members(self.q_labels[rows, 0], own)
+            idx, valid = self._positives(rows)
             pos_scores = torch.zeros(idx.shape, dtype=query.dtype, device=query.device)
         for start, scores in blocks():
             if self.full_binary:
@@ -402,6 +423,8 @@ def _tiled_unavailable(ctx: _Context, query: torch.Tensor, backend: str) -> list
         reasons.append("a CPU device")
     if ctx.hierarchical:
         reasons.append("binary metrics only")
+    if ctx.groups is not None:  # the kernels exclude one item per query, by index
+        reasons.append("no exclusion groups (query_groups)")
     if ctx.full_binary and int(ctx.num_pos.max()) > MAX_COUNTED_POSITIVES:
         reasons.append(f"map/mrr with at most {MAX_COUNTED_POSITIVES} positives per query")
     if not reasons and not tiled.available():  # importing numba only where the kernels could serve
@@ -434,7 +457,7 @@ def _per_query_metrics(
     elif backend == "faiss":
         lists = faiss_topk(query, gallery, ctx.list_len, similarity=similarity, use_gpu=query.device.type == "cuda", exclude=ctx.own)
         yield ctx.from_lists(*lists, everything)
-    elif ctx.self_retrieval and not (ctx.full_binary or ctx.hierarchical) and query.shape[0] * ctx.list_len * 12 <= 4 * CHUNK_BUDGET_BYTES:
+    elif ctx.self_retrieval and not (ctx.full_binary or ctx.hierarchical) and ctx.groups is None and query.shape[0] * ctx.list_len * 12 <= 4 * CHUNK_BUDGET_BYTES:
         # symmetric tiles; the (N, K) candidate lists (12 bytes per entry) must fit 1 GiB
         yield ctx.from_lists(*self_topk(query, ctx.list_len, similarity=similarity, block_size=chunk_size or SELF_BLOCK, progress=progress), everything)
     else:  # query chunks, each scored and served by one thread of a pool on CPU (numpy's sorts are single-threaded)

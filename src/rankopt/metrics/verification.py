@@ -3,7 +3,7 @@ media averaging and template features.
 
 * A pair is accepted at threshold ``t`` when its score is ``>= t``:
   ``FAR(t) = #{impostor pairs: s >= t} / #impostor pairs``, ``TAR(t) = #{genuine pairs: s >= t} / #genuine pairs``.
-* Media averaging (Smooth-AP §5.1, /work/shared/papers/smooth-ap-eccv2020.md): the frames of a video are
+* Media averaging (Smooth-AP §5.1): the frames of a video are
   one instance, the mean of their embeddings (:func:`group_mean`).
 * A template's feature (:func:`template_embeddings`) follows the insightface IJB-C evaluation
   (``recognition/_evaluation_/ijb/ijb_11.py``, ``image2template_feature``): the template's rows of
@@ -195,3 +195,52 @@ def verification_metrics(item_embeddings: torch.Tensor, media: ArrayLike, templa
         a, b = features[first[part]], features[second[part]]
         scores[part] = (-(a - b).norm(dim=1) if similarity == "neg_l2" else (a * b).sum(dim=1)).cpu()
     return tar_at_far(scores.numpy(), pairs[:, 2].numpy(), fars)
+
+
+MAX_ALL_PAIRS = 200_000_000
+"""Pairs :func:`all_pairs_tar_at_far` scores at most (float64 scores: 1.6 GB)."""
+
+
+def parse_far_keys(names: Sequence[str]) -> tuple[list[str], list[float]]:
+    """Split metric names into the others and the target FARs of ``tar@far=F`` names."""
+    others, fars = [], []
+    for name in names:
+        if not name.startswith("tar@far="):
+            others.append(name)
+            continue
+        try:
+            far = float(name.removeprefix("tar@far="))
+        except ValueError:
+            raise ValueError(f"metric {name!r}: expected tar@far=<false accept rate>, e.g. tar@far=1e-03") from None
+        if not 0.0 < far <= 1.0 or far_key(far) != name:
+            raise ValueError(f"metric {name!r}: write a false accept rate in (0, 1] as {far_key(far)!r}")
+        fars.append(far)
+    return others, fars
+
+
+def all_pairs_tar_at_far(embeddings: torch.Tensor, labels: ArrayLike, fars: Sequence[float] = DEFAULT_FARS,
+                         similarity: str = "cosine") -> dict[str, float]:
+    """Verification on every pair of a labelled set (open-set faces without a pairs file, as LFW-style
+    protocols over all pairs): the ``N (N - 1) / 2`` pairs ``i < j`` are genuine when their finest labels
+    (column 0) are equal, else impostors; :func:`tar_at_far` of their scores (``rankopt.similarity.pairwise``)."""
+    from rankopt.similarity import pairwise
+
+    if similarity not in SIMILARITIES:
+        raise ValueError(f"unknown similarity {similarity!r}; use one of {', '.join(SIMILARITIES)}")
+    y = np.asarray(labels)
+    y = y[:, 0] if y.ndim == 2 else y
+    n = int(embeddings.shape[0])
+    if y.shape != (n,):
+        raise ValueError(f"labels must have {n} rows (one per embedding), got shape {np.asarray(labels).shape}")
+    if n * (n - 1) // 2 > MAX_ALL_PAIRS:
+        raise ValueError(f"all-pairs verification of {n} items scores {n * (n - 1) // 2} pairs, more than "
+                         f"{MAX_ALL_PAIRS}: use a pairs file (templates) or fewer items")
+    scores, genuine = [], []
+    rows = max(1, PAIR_CHUNK // max(n, 1))
+    for start in range(0, n - 1, rows):
+        block = pairwise(embeddings[start:start + rows], embeddings, similarity).double().cpu().numpy()
+        for offset, row in enumerate(block):
+            i = start + offset
+            scores.append(row[i + 1:])
+            genuine.append(y[i + 1:] == y[i])
+    return tar_at_far(np.concatenate(scores), np.concatenate(genuine).astype(np.int64), fars)

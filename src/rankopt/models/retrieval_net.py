@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +26,9 @@ class RetrievalNet(nn.Module):
       ``embedding_dim = C``); :meth:`init_projection_pca` initialises it by PCA.
     * ``freeze_bn``: BatchNorm layers stay in eval mode through ``train()`` (see
       :mod:`rankopt.models.batchnorm`); their gamma/beta stay trainable.
+    * ``freeze``: parameter-name prefixes (``"backbone.blocks.0"``, matched at dot boundaries) whose
+      parameters are not trained (``requires_grad=False``): early stages of a pretrained backbone then
+      build no autograd graph, so fine-tuning the rest costs little more than its own forward.
     """
 
     def __init__(
@@ -36,6 +39,7 @@ class RetrievalNet(nn.Module):
         layer_norm: bool = False,
         embedding_dim: int | None = None,
         freeze_bn: bool = True,
+        freeze: Sequence[str] = (),
     ) -> None:
         super().__init__()
         feature_dim = int(backbone.num_features)  # type: ignore[arg-type]
@@ -48,13 +52,19 @@ class RetrievalNet(nn.Module):
         self.feature_dim = feature_dim
         self.embedding_dim = embedding_dim if embedding_dim is not None else feature_dim
         self.freeze_bn = freeze_bn
+        self.frozen = freeze_parameters(self, freeze)
+        self._frozen_prefixes = tuple(p.rstrip(".") for p in freeze)
         self.train(self.training)
 
     def train(self, mode: bool = True) -> RetrievalNet:
-        """Set train/eval mode; with ``freeze_bn`` every BatchNorm (incl. SyncBatchNorm) stays in eval mode."""
+        """Set train/eval mode; with ``freeze_bn`` every BatchNorm (incl. SyncBatchNorm) stays in eval mode,
+        and the modules of frozen prefixes always do."""
         super().train(mode)
         if self.freeze_bn:
             freeze_batchnorm_statistics(self)
+        for name, module in self.named_modules():  # frozen stages keep their statistics too
+            if any(name == p or name.startswith(p + ".") for p in getattr(self, "_frozen_prefixes", ())):
+                module.eval()
         return self
 
     def backbone_output(self, images: Tensor) -> Tensor:
@@ -121,6 +131,22 @@ class RetrievalNet(nn.Module):
         self.projection.bias.copy_(-(components @ mean))
 
 
+def freeze_parameters(model: nn.Module, prefixes: Sequence[str]) -> list[str]:
+    """Set ``requires_grad=False`` on the parameters named ``p`` or ``p.*`` for each prefix ``p``;
+    the frozen names. A prefix that matches no parameter is an error naming it."""
+    names = [n for n, _ in model.named_parameters()]
+    unmatched = [p for p in prefixes if not any(n == p or n.startswith(p.rstrip(".") + ".") for n in names)]
+    if unmatched:
+        tops = sorted({".".join(n.split(".")[:2]) for n in names})
+        raise ValueError(f"model.freeze: {unmatched} match no parameter; names start with e.g. {tops[:12]}")
+    frozen = []
+    for name, param in model.named_parameters():
+        if any(name == p or name.startswith(p.rstrip(".") + ".") for p in prefixes):
+            param.requires_grad_(False)
+            frozen.append(name)
+    return frozen
+
+
 def create_model(
     backbone: str,
     *,
@@ -131,6 +157,7 @@ def create_model(
     layer_norm: bool = False,
     embedding_dim: int | None = None,
     freeze_bn: bool = True,
+    freeze: Sequence[str] = (),
     pretrained_path: str | Path | None = None,
     **backbone_kwargs: Any,
 ) -> RetrievalNet:
@@ -138,7 +165,7 @@ def create_model(
 
     ``pretrained`` loads timm/torchvision weights (from ``pretrained_path`` when
     given, else through timm); ``backbone_kwargs`` go to the backbone constructor
-    (e.g. ``img_size`` for ViTs).
+    (e.g. ``img_size`` for ViTs); ``freeze``: parameter-name prefixes not trained (:class:`RetrievalNet`).
     """
     net = build_backbone(backbone, pretrained=pretrained, pretrained_path=pretrained_path, **backbone_kwargs)
     return RetrievalNet(
@@ -147,6 +174,7 @@ def create_model(
         layer_norm=layer_norm,
         embedding_dim=embedding_dim,
         freeze_bn=freeze_bn,
+        freeze=freeze,
     )
 
 

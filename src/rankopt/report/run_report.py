@@ -455,6 +455,8 @@ def _metrics_section(run: RunFolder) -> str:
         rows.append(["training loss (mean of the epoch)", *losses, *([None] if with_delta else [])])
     best_col = [i + 1 for i, r in enumerate(records) if r.get("epoch") == best]
     body = [table(header, rows, highlight_columns=best_col, caption="One column per evaluation")]
+    if records[-1].get("by_category"):
+        body.append(_category_table(records[-1], names))
     best_info = run.report.get("best") or {}
     if best is not None:
         metric = best_info.get("metric") or run.setting("train.best_metric")
@@ -465,6 +467,18 @@ def _metrics_section(run: RunFolder) -> str:
     return section("Metrics", "\n".join(body), anchor="metrics",
                    intro="Retrieval metrics of each evaluation; each query is excluded from its own results, "
                          "ties are pessimistic.")
+
+
+def _category_table(record: Mapping[str, Any], names: Sequence[str]) -> Raw:
+    """The last evaluation per query category (``record["by_category"]``: ``{category: {metric: v, "num_queries",
+    "num_queries_without_positive"}}``) and overall; each query retrieved from the whole gallery."""
+    header = ["category", "queries", "without a positive", *names]
+    rows: list[list[object]] = [[str(category), values.get("num_queries"), values.get("num_queries_without_positive"),
+                                 *[values.get(n) for n in names]] for category, values in record["by_category"].items()]
+    rows.append(["overall", record.get("num_queries"), record.get("num_queries_without_positive"), *[record.get(n) for n in names]])
+    return Raw("\n".join([table(header, rows, highlight_rows=[len(rows) - 1], caption="Per query category (last evaluation)"),
+                      note("Each metric averaged over the queries of a category, every query retrieving from the whole "
+                           "gallery (open-metric-learning's per-category metrics); the overall row is every query.")]))
 
 
 def _figure_or_note(figs: _Figures, name: str, caption: str, missing: str) -> str:

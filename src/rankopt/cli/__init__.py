@@ -30,6 +30,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    from rankopt.runtime import keep_allocations
+
+    keep_allocations()  # CNN activations reuse freed memory instead of faulting in fresh pages
     parser = build_parser()
     args = parser.parse_args(argv)
     if getattr(args, "func", None) is None:

@@ -290,6 +290,8 @@ def test_train_on_a_folder_tree(tmp_path, capsys):
     report = json.loads((run / "report.json").read_text())
     assert report["data"]["level_names"] == ["class", "level1"] and report["data"]["eval"]["test"]["images"] == 16
     assert sorted(os.listdir(root)) == ["a", "b"]  # nothing written into the data folder
+    hints = [line for line in capsys.readouterr().out.splitlines() if line.startswith("hint: ")]
+    assert len(hints) == 1 and "random weights" in hints[0] and "rankopt convert" in hints[0]
 
 
 def test_label_names_give_each_id_its_class_folder_also_after_carving(tmp_path):

@@ -59,6 +59,17 @@ _MAX_PATHS_SHOWN = 8
 STEPS_CSV = "steps.csv"
 
 
+RANDOM_PHOTO_HINT = ("hint: this model starts from random weights; on photos, start from ImageNet weights instead: "
+                     "`rankopt convert mobilenet_v2 WEIGHTS.pt --out start.ckpt` then model.init=start.ckpt "
+                     "(or model.pretrained=true model.kwargs.pretrained_path=WEIGHTS) — see the README")
+PHOTO_DATASETS = ("image_folder", "csv")  # a user's own images
+
+
+def _random_photo_start(cfg: ExperimentConfig) -> bool:
+    """A user's own images trained from random weights (no pretrained weights, no ``model.init``)."""
+    return cfg.data.name in PHOTO_DATASETS and not cfg.model.pretrained and cfg.model.init is None
+
+
 def _scores(record: dict[str, Any]) -> dict[str, float]:
     """The metric values of an evaluation record (without the query counts and per-category tables)."""
     return {k: v for k, v in record.items() if not k.startswith("num_") and k != "by_category"}
@@ -117,6 +128,8 @@ class Trainer:
         self.show = cfg.output.progress and self.is_main
         for note in init_notes if self.is_main else ():
             echo(f"model.init {cfg.model.init}: {note}")
+        if self.is_main and _random_photo_start(cfg):
+            echo(RANDOM_PHOTO_HINT)
 
         self.train_ds, self.eval_ds = build_datasets(cfg)
         self.batch_transforms = build_transforms(cfg) if cfg.data.batch_transform else (None, None)

@@ -84,7 +84,7 @@ BENCHMARKS: dict[str, Benchmark] = {
     # ImageNet-pretrained MobileNetV2 fine-tuned on Caltech-101's first 50 classes (recipe caltech101), every loss
     # under identical settings; reference rows: the pretrained features as they are, and ROADMAP from random weights
     "caltech101": Benchmark(
-        "caltech101", ("train.epochs=1", "train.max_steps_per_epoch=3", "data.image_size=64", "output.map_points=300"),
+        "caltech101", ("train.epochs=3", "train.max_steps_per_epoch=1", "data.image_size=64", "output.map_points=300"),
         {"pretrained": (*_PRETRAINED, *_RELEASED),
          **{loss: (f"loss.name={loss}", *_PRETRAINED) for loss in PHOTO_LOSSES},
          "roadmap_random_init": ("loss.name=roadmap", "model.pretrained=false", "model.freeze=[]")},
@@ -93,7 +93,7 @@ BENCHMARKS: dict[str, Benchmark] = {
     # Smooth-AP §6.3 in miniature: the released MobileFaceNet (CASIA-WebFace) zero-shot on the test identities of
     # Extended Yale B, then fine-tuned on its training identities with Table 4's losses
     "yaleb": Benchmark(
-        "yaleb_mobilefacenet", ("train.epochs=1", "train.max_steps_per_epoch=3"),
+        "yaleb_mobilefacenet", ("train.epochs=3", "train.max_steps_per_epoch=1"),
         {"released": (*_PRETRAINED, *_RELEASED),
          **{loss: (f"loss.name={loss}", *_PRETRAINED) for loss in FACE_LOSSES}},
         baseline="released", group_by=("name",), tuning_rows=("smooth_ap", "contrastive"),

@@ -167,8 +167,9 @@ def thumbnail(path: str) -> np.ndarray:
 
 
 def draw_cell(ax: Axes, image: np.ndarray | None, colour: tuple[float, ...], title: str, *,
-              text: str = "", fill: tuple[float, ...] | None = None) -> None:
-    """One grid cell framed in ``colour``: ``image``, or ``text`` on ``fill`` (default: ``colour``, light)."""
+              text: str = "", fill: tuple[float, ...] | None = None, linewidth: float = 4.0) -> None:
+    """One grid cell framed in ``colour`` (a ``linewidth``-point line): ``image``, or ``text`` on ``fill``
+    (default: ``colour``, light)."""
     if image is not None:
         ax.imshow(image, interpolation="nearest")
     else:
@@ -178,7 +179,7 @@ def draw_cell(ax: Axes, image: np.ndarray | None, colour: tuple[float, ...], tit
     ax.set_yticks([])
     for spine in ax.spines.values():
         spine.set_color(colour)
-        spine.set_linewidth(4)
+        spine.set_linewidth(linewidth)
     ax.set_title(title, fontsize=7, pad=2)
 
 
@@ -189,6 +190,21 @@ def titled(text: str, title_note: str | None, max_chars: int | None = 60) -> str
         return text
     one_line = f"{text} ({title_note})"
     return one_line if max_chars is None or len(one_line) <= max_chars else f"{text}\n({title_note})"
+
+
+MIN_CURVE_POINTS = 4
+"""A learning curve with fewer evaluations than this gets a note in its panel (two points joined by a line
+say nothing of the path between them)."""
+
+
+def note_few_points(ax: Axes, points: int) -> str | None:
+    """Add "only N point(s) per curve" under the x label of ``ax`` (set it first) when its sparsest curve has
+    fewer than :data:`MIN_CURVE_POINTS` measured points (evaluations, drawn as markers); returns the note, or None."""
+    if points >= MIN_CURVE_POINTS:
+        return None
+    text = f"only {points} point{'s' if points != 1 else ''} per curve (markers): lines join them"
+    ax.set_xlabel(f"{ax.get_xlabel()}\n{text}")
+    return text
 
 
 def new_figure(width: float, height: float) -> Figure:

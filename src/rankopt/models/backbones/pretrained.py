@@ -1,17 +1,26 @@
-"""Loading released weights (timm/torchvision, the face releases) into the built-in backbones; the lazy timm import.
+"""Loading released weights (timm/torchvision, face and mobile releases) into the built-in backbones; lazy timm import.
 
 Weights come from a local file (``pretrained_path=``: safetensors, or a torch
-file read with ``weights_only=True`` so no pickled code runs) or, when timm is
-installed, from ``timm.create_model(name, pretrained=True)``. Classifier keys
-(``fc.``, ``head.``, ``head_dist.``, ``classifier.``) are dropped unless the model
-has that key itself (IResNet's ``fc`` is its embedding layer); a distilled DeiT
-checkpoint loses its distillation token and that token's position embedding
-(anchors §5), so it loads into a plain DeiT. Every other key must match the
-model's keys and shapes exactly.
+file read with ``weights_only=True`` so no pickled code runs; a file holding
+other pickled objects is refused) or, when timm is installed, from
+``timm.create_model(name, pretrained=True)``. A backbone whose released file
+names its tensors otherwise registers that file's :class:`ReleaseLayout`: the
+layout is recognised by a key only it has and its keys are renamed to the
+model's (timm's) names before loading. Classifier keys (``fc.``, ``head.``,
+``head_dist.``, ``classifier.``) are dropped unless the model has that key
+itself (IResNet's ``fc`` is its embedding layer); a distilled DeiT checkpoint
+loses its distillation token and that token's position embedding (anchors §5),
+so it loads into a plain DeiT. Every other key must match the model's keys and
+shapes exactly.
 """
 
 from __future__ import annotations
 
+import pickle
+import re
+from collections import Counter
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
 
@@ -21,7 +30,17 @@ from torch import Tensor, nn
 from rankopt.models.backbones.vit import VisionTransformer, resize_pos_embed
 
 _CLASSIFIER_PREFIXES = ("fc.", "head.", "head_dist.", "classifier.")
-_WRAPPER_KEYS = ("state_dict", "model", "model_state_dict")
+_WRAPPER_KEYS = ("state_dict", "model", "model_state_dict", "net_state_dict")
+
+
+@dataclass(frozen=True)
+class ReleaseLayout:
+    """A released file's own key names: ``marker`` is a key only that layout has; ``rename`` maps its keys to
+    the model's (a key it does not know is returned unchanged, and then reported as unexpected)."""
+
+    name: str
+    marker: str
+    rename: Callable[[str], str]
 
 
 def import_timm(what: str) -> ModuleType:
@@ -46,13 +65,38 @@ def read_state_dict(path: str | Path) -> dict[str, Tensor]:
         from safetensors.torch import load_file
 
         return load_file(str(path))
-    state = torch.load(path, map_location="cpu", weights_only=True)
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as err:
+        found = re.search(r"GLOBAL ([\w.]+)", str(err))
+        raise ValueError(
+            f"pretrained_path {str(path)!r} holds pickled Python objects beyond tensors and plain containers"
+            f"{f' ({found.group(1)})' if found else ''}; rankopt loads weights without unpickling code. If you "
+            "trust the file, save its state_dict alone: torch.save(torch.load(FILE, weights_only=False)[KEY], OUT)"
+        ) from None
     for key in _WRAPPER_KEYS:
         if isinstance(state, dict) and isinstance(state.get(key), dict):
             state = state[key]
     if not isinstance(state, dict):
         raise ValueError(f"pretrained_path {str(path)!r} holds a {type(state).__name__}, not a state_dict")
     return state
+
+
+def convert_layout(
+    state: dict[str, Tensor], layouts: Sequence[ReleaseLayout]
+) -> tuple[dict[str, Tensor], dict[str, str], str | None]:
+    """``state`` renamed by the first layout whose marker it holds: (renamed state, {new key: file key}, layout name);
+    ``state`` unchanged (no layout) when it holds no marker."""
+    layout = next((lay for lay in layouts if lay.marker in state), None)
+    if layout is None:
+        return state, {}, None
+    new_names = {key: layout.rename(key) for key in state}
+    counts = Counter(new_names.values())
+    clashes = [key for key, new in new_names.items() if counts[new] > 1]
+    if clashes:
+        raise ValueError(f"keys {clashes[:5]} map to the same name in the {layout.name} layout")
+    file_keys = {new: key for key, new in new_names.items() if new != key}
+    return {new_names[key]: value for key, value in state.items()}, file_keys, layout.name
 
 
 def adapt_state_dict(state: dict[str, Tensor], model: nn.Module) -> dict[str, Tensor]:
@@ -68,8 +112,13 @@ def adapt_state_dict(state: dict[str, Tensor], model: nn.Module) -> dict[str, Te
     return state
 
 
-def load_pretrained(model: nn.Module, timm_name: str | None, pretrained_path: str | Path | None) -> None:
-    """Load weights into ``model`` from ``pretrained_path`` or, failing that, from timm's ``timm_name``."""
+def load_pretrained(
+    model: nn.Module,
+    timm_name: str | None,
+    pretrained_path: str | Path | None,
+    layouts: Sequence[ReleaseLayout] = (),
+) -> None:
+    """Load weights into ``model`` from ``pretrained_path`` (its own names or one of ``layouts``) or timm's ``timm_name``."""
     if pretrained_path is not None:
         state = read_state_dict(pretrained_path)
         source = str(pretrained_path)
@@ -79,9 +128,16 @@ def load_pretrained(model: nn.Module, timm_name: str | None, pretrained_path: st
         source = f"timm:{timm_name}"
     else:
         raise ValueError("no timm weights for this backbone; pass pretrained_path=FILE or pretrained=False")
+    state, file_keys, layout = convert_layout(state, layouts)
+    if layout is not None:
+        source += f" (read as the {layout} layout)"
     state = adapt_state_dict(state, model)
     own = model.state_dict()
-    reshaped = [f"{k} {tuple(v.shape)}, model {tuple(own[k].shape)}" for k, v in state.items()
+
+    def named(key: str) -> str:
+        return f"{key} (file: {file_keys[key]})" if key in file_keys else key
+
+    reshaped = [f"{named(k)} {tuple(v.shape)}, model {tuple(own[k].shape)}" for k, v in state.items()
                 if k in own and v.shape != own[k].shape]
     if reshaped:
         raise ValueError(f"weights from {source} do not match the model's shapes: {reshaped[:5]}")
@@ -89,5 +145,5 @@ def load_pretrained(model: nn.Module, timm_name: str | None, pretrained_path: st
     if result.missing_keys or result.unexpected_keys:
         raise ValueError(
             f"weights from {source} do not match the model: missing {result.missing_keys[:5]}, "
-            f"unexpected {result.unexpected_keys[:5]}"
+            f"unexpected {[named(k) for k in result.unexpected_keys[:5]]}"
         )

@@ -165,3 +165,19 @@ def test_zero_epochs_evaluate_the_initial_model_as_the_trained_row(tmp_path):
     assert report["trained"] == report["untrained"] and report["steps"] == 0
     with pytest.raises(ValueError, match="train.epochs"):
         load_config(None, ["train.epochs=-1"])
+
+
+def test_a_converted_face_model_embeds_at_its_release_input_convention(tmp_path):
+    """MobileFaceNet's release: RGB 112 x 96, (255 x - 127.5) / 128 — the converted checkpoint's default."""
+    from rankopt.data.transforms import build_transform
+
+    release = tmp_path / "068.ckpt"
+    torch.save({"epoch": 68, "net_state_dict": build_backbone("mobilefacenet").state_dict()}, release)
+    out = write_converted(convert_released_weights("mobilefacenet", release), tmp_path / "mfn.ckpt")
+    model, cfg = model_from_checkpoint(out)
+    assert (cfg.data.test_transform, cfg.data.train_transform) == ("mobilefacenet_test", "mobilefacenet_train")
+    x = build_transform(cfg.data.test_transform, cfg.data.image_size)(Image.new("RGB", (168, 192), (255, 0, 128)))
+    assert x.shape == (3, 112, 96)
+    assert torch.allclose(x[:, 0, 0], torch.tensor([(255 - 127.5) / 128, -127.5 / 128, 0.5 / 128]), atol=1e-5)
+    with torch.no_grad():
+        assert model(x.unsqueeze(0)).shape == (1, 128)

@@ -66,10 +66,11 @@ def test_presets_shapes_and_determinism(preset):
     a = transform(image)
     torch.manual_seed(3)
     b = transform(image)
-    size = PRESETS[preset].crop
-    assert a.shape == (3, size, size) and a.dtype == torch.float32
+    height, width = PRESETS[preset].crop, PRESETS[preset].crop_width or PRESETS[preset].crop
+    assert a.shape == (3, height, width) and a.dtype == torch.float32
     assert torch.equal(a, b)
-    assert build_transform(preset, image_size=32)(image).shape == (3, 32, 32)
+    assert build_transform(preset, image_size=32)(image).shape == (3, 32, round(32 * width / height))
+    assert build_transform(preset, image_size="40x24")(image).shape == (3, 40, 24)
 
 
 def test_test_preset_matches_resize_then_center_crop():

@@ -21,8 +21,9 @@ from typing import Any
 
 import numpy as np
 import torch
-from PIL import Image, ImageOps, UnidentifiedImageError
+from PIL import Image, UnidentifiedImageError
 
+from rankopt.data.decode import decode_image
 from rankopt.data.face_alignment import ARCFACE_SIZE, align_face
 from rankopt.registry import Registry
 
@@ -116,12 +117,11 @@ def to_rgb(img: Image.Image) -> Image.Image:
     return img.convert("RGB")
 
 
-def load_image(path: str) -> Image.Image:
-    """Decode an image with Pillow, apply its EXIF orientation and convert it to RGB."""
-    with Image.open(io.BytesIO(_read_bytes(path))) as img:
-        img.load()
-        img = ImageOps.exif_transpose(img)
-        return to_rgb(img)
+def load_image(path: str, min_side: int | None = None) -> Image.Image:
+    """Decode an image with Pillow, apply its EXIF orientation and convert it to RGB; ``min_side``: a JPEG
+    may be decoded at 1/2, 1/4 or 1/8 size keeping enough pixels for a resize of its shorter side to
+    ``min_side`` (:func:`rankopt.data.decode.decode_image`); None, the reference: full size."""
+    return to_rgb(decode_image(_read_bytes(path), min_side))
 
 
 def pil_to_tensor(img: Image.Image) -> torch.Tensor:
@@ -265,12 +265,16 @@ class RetrievalDataset(torch.utils.data.Dataset):
     def __len__(self) -> int:
         return len(self.paths)
 
-    def load(self, index: int) -> Image.Image:
+    def load(self, index: int, min_side: int | None = None) -> Image.Image:
         """The decoded RGB image: aligned on its landmarks if it has them, else cropped to its box if
-        it has one (the part of the box inside the image: no padding)."""
+        it has one (the part of the box inside the image: no padding). ``min_side``: the shorter side
+        the transform resizes to, allowing a reduced JPEG decode (:func:`load_image`; not for items
+        with landmarks or a box, whose coordinates are in full-size pixels)."""
         path = self.paths[index]
+        if index in self.landmarks or index in self.boxes:
+            min_side = None
         try:
-            img = load_image(path)
+            img = load_image(path, min_side)
         except (OSError, UnidentifiedImageError, ValueError, KeyError, zipfile.BadZipFile) as err:
             why = "not an image file Pillow can read" if isinstance(err, UnidentifiedImageError) else err
             raise BadImageError(f"cannot read image {path!r} (listed at {self.sources[index]}): {why}") from err
@@ -288,7 +292,7 @@ class RetrievalDataset(torch.utils.data.Dataset):
         return img.crop((x1, y1, x2, y2))
 
     def __getitem__(self, index: int) -> dict[str, Any]:
-        img = self.load(index)
+        img = self.load(index, getattr(self.transform, "decode_min_side", None))
         image = self.transform(img) if self.transform is not None else pil_to_tensor(img)
         return {"image": image, "label": torch.from_numpy(self.labels[index]), "index": int(index), "path": self.paths[index]}
 

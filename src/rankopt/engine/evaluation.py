@@ -96,8 +96,10 @@ def embed_dataset(model: torch.nn.Module, dataset: Dataset, *, batch_size: int =
     device = torch.device(device)
     rank, world = _distributed()
     shard = np.array_split(np.arange(len(dataset)), world)[rank]
+    from rankopt.data.fast_transform import collate
+
     loader = DataLoader(Subset(dataset, shard.tolist()), batch_size=batch_size, shuffle=False,
-                        num_workers=num_workers, generator=torch.Generator().manual_seed(0))
+                        num_workers=num_workers, generator=torch.Generator().manual_seed(0), collate_fn=collate)
     was_training = model.training
     model.eval()
     local: torch.Tensor | None = None  # (N_local, D), allocated when the first batch gives D

@@ -371,9 +371,11 @@ class Trainer:
     def _epoch_loader(self) -> DataLoader:
         self.sampler.set_epoch(self.epoch)
         generator = torch.Generator().manual_seed(self.cfg.train.seed * 1_000_003 + self.epoch)
+        from rankopt.data.fast_transform import collate
+
         return DataLoader(self.train_ds, batch_sampler=_SkipBatches(self.sampler, self.step_in_epoch),
                           num_workers=self.cfg.data.num_workers, generator=generator,
-                          pin_memory=self.device.type == "cuda")
+                          pin_memory=self.device.type == "cuda", collate_fn=collate)
 
     def train_epoch(self) -> float:
         """One epoch (or its remainder after a mid-epoch resume); returns the mean training loss."""

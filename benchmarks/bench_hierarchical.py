@@ -15,8 +15,10 @@ Labels: ``per_class`` images per fine class; hierarchies shaped like
 
 Intermediate levels are ``(coarsest, fine // d)``, so every hierarchy is a tree. Each run is a fresh
 process: random d-dimensional embeddings, ``loss(x, y).backward()`` timed once after a warm-up call
-(no warm-up above 2 s); memory = peak RSS above the process that built its inputs. A path is not
-run at larger B once a call took over ``--give-up`` seconds.
+(no warm-up above 2 s); memory = peak RSS above the process that built its inputs and made one call on
+8 items (lazy imports, numba kernels). A path is not run at larger B once a call took over ``--give-up``
+seconds. ``sup_ap`` on the finest labels runs at every B too: the ``issue`` hierarchy (every item sharing
+the coarsest level) is reported against it.
 
     python benchmarks/bench_hierarchical.py            # the table in results/hierarchical_losses.md
     python benchmarks/bench_hierarchical.py --sizes 256 512 --fractions 0.5 1 --out /tmp/h.md   # quick check
@@ -48,6 +50,8 @@ SHAPES: dict[str, tuple[tuple[int, ...], tuple[tuple[float, ...], ...]]] = {
     "sop": ((), ((0.5, 0.5),)),
 }
 SIZES = [256, 512, 1024, 2048, 4096]
+REFERENCE = "sup_ap"
+"""The worker's name for ``sup_ap`` on the finest labels (the denominator of the ``issue`` ratio)."""
 FRACTIONS = [0.0, 0.1, 0.25, 0.5, 0.75, 0.9, 1.0]
 PATHS = ("pairwise", "sorted")
 
@@ -88,8 +92,13 @@ def worker(shape: str, batch: int, path: str, dim: int, per_class: int) -> dict:
     import rankopt.losses
 
     torch.manual_seed(0)
-    x, labels = torch.randn(batch, dim), hierarchy(shape, batch, per_class)
-    loss = rankopt.losses.build("hap", step_counts=path)
+    if shape == REFERENCE:  # Sup-AP on the finest labels: what hap is compared with
+        x, labels = torch.randn(batch, dim), (torch.arange(batch) // per_class).unsqueeze(1)
+        loss = rankopt.losses.build("sup_ap")
+    else:
+        x, labels = torch.randn(batch, dim), hierarchy(shape, batch, per_class)
+        loss = rankopt.losses.build("hap", step_counts=path)
+    loss(x[:8].clone().requires_grad_(True), labels[:8]).backward()  # lazy imports and compiled kernels, before the baseline
     base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     elapsed, calls = float("inf"), 0
     while calls < 2 and (calls == 0 or elapsed <= 2.0):
@@ -163,6 +172,18 @@ def table(rows: list[dict], shapes: list[str], sizes: list[int], key: str) -> li
     return lines
 
 
+def shared_top_table(rows: list[dict], reference: dict[int, dict], sizes: list[int]) -> list[str]:
+    """``hap`` with the coarsest level shared by the whole batch (shape ``issue``, sorted) against ``sup_ap`` at each B."""
+    by = {r["B"]: r for r in rows if r["shape"] == "issue" and r["path"] == "sorted"}
+    lines = ["## The coarsest level shared by every item: hap against sup_ap", "",
+             "| B | sup_ap (finest labels) | hap, issue, sorted | hap / sup_ap |", "|---:|---|---|---|"]
+    for batch in sizes:
+        hap, ref = by.get(batch, {}), reference[batch]
+        ratio = f"**{hap['time_s'] / ref['time_s']:.2f}×**" if "time_s" in hap and "time_s" in ref else "–"
+        lines.append(f"| {batch} | {fmt(ref)} | {fmt(hap) if hap else '–'} | {ratio} |")
+    return lines
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--sizes", type=int, nargs="+", default=SIZES)
@@ -173,6 +194,7 @@ def main() -> None:
     parser.add_argument("--per-class", type=int, default=4)
     parser.add_argument("--timeout", type=float, default=45.0, help="seconds per configuration")
     parser.add_argument("--give-up", type=float, default=10.0, help="skip larger B once a call took longer")
+    parser.add_argument("--note", default="", help="a line added under the header (e.g. the previous figures)")
     parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "hierarchical_losses.md")
     parser.add_argument("--worker", nargs=3, metavar=("SHAPE", "B", "PATH"), help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -185,6 +207,7 @@ def main() -> None:
     started, load_start = time.time(), os.getloadavg()[0]
     fractions = [f"f={f:g}" for f in args.fractions]
     rows = sweep(args.shapes, args.sizes, args)
+    reference = {batch: run_one(REFERENCE, batch, "sorted", args) for batch in args.sizes}
     f_rows = sweep(fractions, [args.f_batch], args)
     for r in f_rows:
         r["f"] = r.get("f", float(r["shape"][2:]))
@@ -212,10 +235,13 @@ def main() -> None:
         "process; memory = peak RSS above the process that built the inputs. `–`: not run (an earlier B took over "
         f"{args.give_up:g} s or failed). `pairwise` = the previous path (`step_counts=\"pairwise\"`), `sorted` = the default.",
         "- shapes: " + "; ".join(f"{s}: {levels.get(s, '?')}" for s in args.shapes) + " (f = the coarsest class's fraction of the batch).",
+        *([f"- {args.note}"] if args.note else []),
         "",
         "## Cost against the batch size",
         "",
         *table(rows, args.shapes, args.sizes, "B"),
+        "",
+        *shared_top_table(rows, reference, args.sizes),
         "",
         f"## Cost against the coarsest class's fraction f (B = {args.f_batch}, labels (fine, fine // 8, coarse))",
         "",

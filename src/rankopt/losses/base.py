@@ -8,20 +8,25 @@ from its own retrieval set *by index*), then calls the loss's :meth:`RankLoss.co
 Most rank losses are *row-local*: query ``i``'s term depends only on row ``i`` of the
 score matrix. :func:`rowwise` evaluates such a term in chunks of queries under a
 memory budget (``max_elements`` per chunk) and keeps only the ``(B, M)`` gradient
-w.r.t. the scores, never the autograd graph of the whole batch.
+w.r.t. the scores, never the autograd graph of the whole batch; :func:`rowwise_with_gradient`
+does the same for a term that writes its own gradient (recomputed in the backward, nothing kept).
+A combination (:class:`~rankopt.losses.combination.ROD`) builds one :class:`RetrievalSet` for all
+its terms when they can share it (:meth:`RankLoss.can_share`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import cached_property
 
 import torch
 from torch import nn
 
 from rankopt import checks
 from rankopt import similarity as sim
-from rankopt.labels import relevance_levels, same_class, self_mask
+from rankopt.labels import same_class, self_mask
+from rankopt.rank.surrogates import row_counts
 
 DEFAULT_MAX_ELEMENTS = 1 << 24
 """Default memory budget of :func:`rowwise`: elements of the largest per-chunk intermediate."""
@@ -53,10 +58,15 @@ class RetrievalSet:
         """``(B, M)`` bool: valid items sharing at least one level with the query."""
         return (self.levels > 0) & self.valid
 
-    @property
+    @cached_property
     def num_positives(self) -> torch.Tensor:
-        """``(B,)`` int64 ``|P_i|``."""
-        return self.positives.sum(dim=1)
+        """``(B,)`` int64 ``|P_i|`` (computed once, shared by the terms of a combination)."""
+        return row_counts(self.positives)
+
+    @cached_property
+    def num_members(self) -> torch.Tensor:
+        """``(B,)`` int64 ``|Omega_i|``: the size of each query's retrieval set."""
+        return row_counts(self.valid)
 
 
 def compute_dtype(x: torch.Tensor) -> torch.dtype:
@@ -98,7 +108,7 @@ def rowwise(
     need_grad = scores.requires_grad and torch.is_grad_enabled()
     values = []
     single = chunk >= num_rows
-    grads = torch.zeros_like(scores) if need_grad and not single else None
+    grads = torch.empty_like(scores) if need_grad and not single else None  # every row is written below
     for start in range(0, num_rows, chunk):
         rows = slice(start, start + chunk)
         args = [a[rows] for a in row_args]
@@ -122,6 +132,36 @@ def rowwise(
     if not need_grad:
         return out
     return _CachedRowGrad.apply(scores, out, grads)
+
+
+class _RecomputedRowGrad(torch.autograd.Function):
+    """Output ``fn(scores[c], ..., gradient=False)`` chunk by chunk; backward ``grad_out[c, None] * fn(..., gradient=True)``
+    recomputed chunk by chunk into the one ``(B, M)`` gradient (nothing ``(B, M)`` kept between the passes)."""
+
+    @staticmethod
+    def forward(ctx, scores: torch.Tensor, fn: Callable[..., torch.Tensor], rows: int, *row_args: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
+        ctx.save_for_backward(scores, *row_args)
+        ctx.fn, ctx.rows = fn, rows
+        chunks = [slice(first, first + rows) for first in range(0, scores.shape[0], rows)]
+        values = [fn(scores[c], *[a[c] for a in row_args], gradient=False) for c in chunks]
+        return torch.cat(values) if values else scores.new_zeros(0)
+
+    @staticmethod
+    def backward(ctx, grad_out: torch.Tensor):  # type: ignore[override]
+        scores, *row_args = ctx.saved_tensors
+        grad = torch.empty_like(scores)
+        for first in range(0, scores.shape[0], ctx.rows):
+            c = slice(first, first + ctx.rows)
+            torch.mul(grad_out[c].unsqueeze(1), ctx.fn(scores[c], *[a[c] for a in row_args], gradient=True), out=grad[c])
+        return (grad, None, None, *[None] * len(row_args))
+
+
+def rowwise_with_gradient(fn: Callable[..., torch.Tensor], scores: torch.Tensor, *row_args: torch.Tensor, rows: int) -> torch.Tensor:
+    """:func:`rowwise` for a term that writes its own gradient: ``fn(scores[c], *[a[c] for a in row_args],
+    gradient=False) -> (C,)`` values and ``fn(..., gradient=True) -> (C, M)`` the derivative of row ``i``'s value
+    w.r.t. row ``i`` of the scores, over chunks of ``rows`` queries. The values are computed in the forward,
+    the gradient chunk by chunk in the backward, straight into the ``(B, M)`` gradient of the scores."""
+    return _RecomputedRowGrad.apply(scores, fn, max(1, rows), *row_args)
 
 
 class RankLoss(nn.Module):
@@ -224,12 +264,12 @@ class RankLoss(nn.Module):
         return RetrievalSet(scores, levels, valid, labels.shape[1], x, labels)
 
     def _levels(self, labels: torch.Tensor, item_labels: torch.Tensor) -> torch.Tensor:
-        """Shared levels as int8 (``B·M`` bytes): ``same_class`` for flat labels, else
-        ``relevance_levels`` in row chunks under the memory budget."""
-        if labels.shape[1] == 1:
-            return same_class(labels, item_labels).to(torch.int8)
-        rows = max(1, self.max_elements // max(1, item_labels.shape[0] * labels.shape[1]))
-        return torch.cat([relevance_levels(labels[s : s + rows], item_labels).to(torch.int8) for s in range(0, labels.shape[0], rows)])
+        """Shared levels ``l_ij = #{c : labels[i, c] = item_labels[j, c]}`` (:func:`rankopt.labels.relevance_levels`)
+        as int8 (``B·M`` bytes), one ``(B, M)`` comparison per label column added in place."""
+        levels = same_class(labels, item_labels).to(torch.int8)
+        for column in range(1, labels.shape[1]):
+            levels += labels[:, column : column + 1] == item_labels[:, column]
+        return levels
 
     def compute(self, batch: RetrievalSet) -> torch.Tensor:
         """The loss on a validated float32 :class:`RetrievalSet` (a scalar).
@@ -263,6 +303,13 @@ class RankLoss(nn.Module):
         if not bool(has_positive.any()):
             return per_query.sum() * 0.0
         return per_query[has_positive].mean()
+
+    def can_share(self, owner: RankLoss, with_reference: bool) -> bool:
+        """Whether :meth:`compute` may run on ``owner``'s :class:`RetrievalSet` of the same inputs (a combination
+        builds it once for all its terms): same similarity, self-inclusion and label columns, and a reference
+        set (``with_reference``) only if this loss accepts one."""
+        same = (self.similarity, self.include_self, self.hierarchical) == (owner.similarity, owner.include_self, owner.hierarchical)
+        return same and (self.accepts_reference or not with_reference)
 
     def extra_repr(self) -> str:
         return f"similarity={self.similarity!r}, include_self={self.include_self}"

@@ -8,6 +8,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from rankopt.losses.base import RankLoss
 from rankopt.losses.calibration import CalibrationLoss
 from rankopt.losses.hap import HAPLoss
 from rankopt.losses.ndcg import SupNDCGLoss
@@ -24,6 +25,12 @@ class ROD(nn.Module):
     The reference set (memory bank) goes to ``rank_loss`` and, if it accepts one, to
     ``decomposability_loss``; ``accepts_reference`` follows ``rank_loss``. Learnable
     parameters (proxies) are reached through ``parameters()``.
+
+    When both terms are :class:`~rankopt.losses.base.RankLoss` es and the decomposability loss can use the
+    rank loss's retrieval set (:meth:`~rankopt.losses.base.RankLoss.can_share`: same similarity, self-inclusion
+    and label columns, e.g. ROADMAP's Sup-AP and calibration, or any rank loss with ``L_DG^*``), the inputs are
+    checked and the score matrix, levels and masks computed once and handed to both terms; the gradients of the
+    two terms meet on the scores, so the embeddings' product is differentiated once. Otherwise each term runs on its own.
     """
 
     def __init__(self, rank_loss: nn.Module, decomposability_loss: nn.Module, lam: float) -> None:
@@ -40,6 +47,11 @@ class ROD(nn.Module):
     def last_num_queries_without_positive(self) -> int:
         return int(getattr(self.rank_loss, "last_num_queries_without_positive", 0))
 
+    def shares_retrieval_set(self, with_reference: bool) -> bool:
+        """Whether the two terms run on one retrieval set (see the class docstring)."""
+        rank, dg = self.rank_loss, self.decomposability_loss
+        return isinstance(rank, RankLoss) and isinstance(dg, RankLoss) and dg.can_share(rank, with_reference)
+
     def forward(
         self,
         embeddings: torch.Tensor,
@@ -47,11 +59,16 @@ class ROD(nn.Module):
         ref_embeddings: torch.Tensor | None = None,
         ref_labels: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        rank = self.rank_loss(embeddings, labels, ref_embeddings, ref_labels)
-        if getattr(self.decomposability_loss, "accepts_reference", False):
-            dg = self.decomposability_loss(embeddings, labels, ref_embeddings, ref_labels)
+        if self.shares_retrieval_set(ref_embeddings is not None):
+            batch = self.rank_loss.retrieval_set(embeddings, labels, ref_embeddings, ref_labels)
+            with torch.autocast(device_type=embeddings.device.type, enabled=False):
+                rank, dg = self.rank_loss.compute(batch), self.decomposability_loss.compute(batch)
         else:
-            dg = self.decomposability_loss(embeddings, labels)
+            rank = self.rank_loss(embeddings, labels, ref_embeddings, ref_labels)
+            if getattr(self.decomposability_loss, "accepts_reference", False):
+                dg = self.decomposability_loss(embeddings, labels, ref_embeddings, ref_labels)
+            else:
+                dg = self.decomposability_loss(embeddings, labels)
         record(term_name(self.rank_loss), rank)
         record(term_name(self.decomposability_loss), dg)
         return (1.0 - self.lam) * rank + self.lam * dg

@@ -47,8 +47,10 @@ class HAPLoss(SupRankLoss):
             shared = torch.minimum(rel.unsqueeze(1), rel.unsqueeze(2)) * pivots.pair_mask()
             h_rank_plus = rel + pairwise_step_counts(pivots.scores, pivots.scores, shared)
         else:  # sum_m min(rel(k), rel_m) #{j : l_j = m, s_j >= s_k}, k itself giving rel(k)
-            shared = torch.minimum(rel.unsqueeze(2), rel_of_level.unsqueeze(1))
-            h_rank_plus = (shared * pivots.step_counts(num_levels)).sum(2)
+            counts = pivots.step_counts(num_levels)
+            h_rank_plus = torch.zeros_like(rel)
+            for m in range(num_levels):
+                h_rank_plus.addcmul_(torch.minimum(rel, rel_of_level[:, m : m + 1]), counts[..., m])
         ratio = torch.where(pivots.present, h_rank_plus / (rank_plus + rank_minus), torch.zeros_like(rank_minus))
         return 1.0 - ratio.sum(1) / rel.sum(1).clamp(min=torch.finfo(rel.dtype).tiny)
 

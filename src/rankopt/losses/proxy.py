@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from rankopt.losses.base import RankLoss, compute_dtype
+from rankopt.losses.base import RankLoss, RetrievalSet, compute_dtype
 from rankopt.losses.registry import LOSSES
 
 
@@ -43,18 +43,28 @@ class ProxyDGLoss(RankLoss):
         ref_labels: torch.Tensor | None = None,
     ) -> torch.Tensor:
         labels, _ = self.validate(embeddings, labels, ref_embeddings, ref_labels)
-        target = labels[:, 0]
+        with torch.autocast(device_type=embeddings.device.type, enabled=False):
+            return self.classify(embeddings.to(compute_dtype(embeddings)), labels[:, 0])
+
+    def compute(self, batch: RetrievalSet) -> torch.Tensor:
+        """``L_DG^*`` of the batch's queries (their embeddings and finest labels; scores and reference set unused)."""
+        return self.classify(batch.embeddings, batch.labels[:, 0])
+
+    def can_share(self, owner: RankLoss, with_reference: bool) -> bool:
+        """Always: only the query embeddings and their finest labels are read from the shared set."""
+        return True
+
+    def classify(self, embeddings: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        """Eq. 8 for compute-dtype embeddings ``(B, D)`` and finest labels ``(B,)``, checked against the proxies."""
         num_classes, dim = self.proxies.shape
         if embeddings.shape[1] != dim:
             raise ValueError(f"embeddings have dimension {embeddings.shape[1]} but the proxies have {dim}")
         bad = (target < 0) | (target >= num_classes)
         if bool(bad.any()):
             raise ValueError(f"labels must be class indices in [0, {num_classes}); rows {bad.nonzero().flatten()[:5].tolist()} are not")
-        with torch.autocast(device_type=embeddings.device.type, enabled=False):
-            dtype = compute_dtype(embeddings)
-            logits = F.normalize(embeddings.to(dtype), dim=1) @ F.normalize(self.proxies.to(dtype), dim=1).T
-            self.last_num_queries_without_positive = 0
-            return F.cross_entropy(logits / self.temperature, target)
+        logits = F.normalize(embeddings, dim=1) @ F.normalize(self.proxies.to(embeddings.dtype), dim=1).T
+        self.last_num_queries_without_positive = 0
+        return F.cross_entropy(logits / self.temperature, target)
 
     def extra_repr(self) -> str:
         return f"num_classes={self.proxies.shape[0]}, embedding_dim={self.proxies.shape[1]}, temperature={self.temperature}"

@@ -6,7 +6,7 @@ import torch
 
 from rankopt.losses.base import RankLoss, RetrievalSet
 from rankopt.losses.registry import LOSSES
-from rankopt.rank.surrogates import Pivots, default_delta, has_lower_item, sup_negative_rank
+from rankopt.rank.surrogates import Pivots, default_delta, has_lower_item, lowest_levels, row_counts, sup_negative_rank
 
 STEP_COUNTS = ("sorted", "pairwise")
 """How the exact step parts are counted: ``"sorted"`` (each row's pivots sorted once, per-level
@@ -40,17 +40,20 @@ class SupRankLoss(RankLoss):
         """``"sorted"``: ``max(A_i, L) * M`` with ``A_i`` the query's pivots entering the ``H^-`` kernel."""
         if self.step_counts == "pairwise":
             return super().elements_per_row(batch)
-        active = int(has_lower_item(batch.levels, batch.valid).sum(1).max())
+        active = int(row_counts(has_lower_item(batch.levels, batch.valid)).max())
         return max(1, active, batch.num_levels) * batch.scores.shape[1]
 
     def ranks(self, scores: torch.Tensor, levels: torch.Tensor, valid: torch.Tensor, num_levels: int) -> tuple[Pivots, torch.Tensor, torch.Tensor]:
         """The positives of each row with their exact ``rank^+`` and smooth ``rank_s^-``, ``(C, P)``."""
         pivots = Pivots(scores, levels, valid)
-        masks, group = pivots.lower_masks(levels, valid, num_levels)
         kernel = dict(tau=self.tau, rho=self.rho, delta=self.delta, start=self.start)
         if self.step_counts == "pairwise":
+            masks, group = pivots.lower_masks(levels, valid, num_levels)
             return pivots, pivots.pairwise_positive_rank(), sup_negative_rank(scores, pivots, masks, group, **kernel)
-        active = torch.gather(has_lower_item(levels, valid), 1, pivots.index) & pivots.present
+        lowest = lowest_levels(levels, valid)
+        # no active pivot is at a level <= the chunk's lowest level: the masks below it are left out
+        masks, group = pivots.lower_masks(levels, valid, num_levels, first=min(int(lowest.min()), num_levels - 1))
+        active = torch.gather(has_lower_item(levels, valid, lowest), 1, pivots.index) & pivots.present
         return pivots, pivots.positive_rank(num_levels), sup_negative_rank(scores, pivots, masks, group, active=active, **kernel)
 
     def extra_repr(self) -> str:

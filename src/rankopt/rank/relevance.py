@@ -12,13 +12,17 @@ from collections.abc import Sequence
 
 import torch
 
+from rankopt.rank.surrogates import row_counts
+
 
 def level_counts(levels: torch.Tensor, num_levels: int, valid: torch.Tensor | None = None) -> torch.Tensor:
-    """``(Q, L + 1)`` float64: ``|Omega^(l)|``, the number of retrieval-set items at each level."""
-    one_hot = torch.nn.functional.one_hot(levels.long(), num_levels + 1).to(torch.float64)
-    if valid is not None:
-        one_hot = one_hot * valid.unsqueeze(-1)
-    return one_hot.sum(dim=1)
+    """``(Q, L + 1)`` float64: ``|Omega^(l)|``, the number of retrieval-set items at each level
+    (one comparison per level on the ``(Q, R)`` levels, no one-hot tensor)."""
+    def count(level: int) -> torch.Tensor:
+        members = levels == level
+        return row_counts(members if valid is None else members & valid)
+
+    return torch.stack([count(level) for level in range(num_levels + 1)], dim=1).to(torch.float64)
 
 
 def relevance(

@@ -11,9 +11,11 @@ replace ``H`` in ``rank^-`` (SupRank) or in both terms (Smooth-AP) by a smooth
 surrogate. The per-pivot terms are evaluated for ``C`` queries, ``P`` pivots per
 query (padded) and ``M`` retrieved items — never ``M^3``:
 
-:func:`sigmoid_sums` and :func:`sup_rank_sums` are fused autograd functions whose only
-``(C, P, M)`` tensor is one float buffer: the values and the derivative are computed in
-place, the sums over items and the gradients are batched mat-vec products (``bmm``).
+:func:`sigmoid_sums` and :func:`sup_rank_sums` are fused autograd functions evaluated in blocks of
+:data:`KERNEL_BLOCK` elements ``(rows, P, M)`` that stay in cache: the values and the derivative are
+computed in place in two reused block buffers, the sums over items and the gradients are batched
+products (``bmm``), and the backward recomputes the derivative block by block: no ``(C, P, M)`` tensor
+is allocated (fresh pages of such tensors cost more on CPU than the whole recomputation).
 
 Items are split into ``G`` masks (``(C, G, M)``, bool or 0/1 floats, e.g. the negatives, or for
 hierarchical labels the items of level ``< l`` for each ``l``); each pivot uses the mask
@@ -25,6 +27,9 @@ from __future__ import annotations
 import math
 
 import torch
+
+KERNEL_BLOCK = 1 << 19
+"""Elements of one ``(rows, P, M)`` block of the fused kernels (2 MiB of float32 per buffer, two buffers)."""
 
 
 def heaviside(t: torch.Tensor) -> torch.Tensor:
@@ -62,49 +67,71 @@ def sup_step(t: torch.Tensor, tau: float = 0.01, rho: float = 100.0, delta: floa
 
 class _SurrogateSums(torch.autograd.Function):
     """``S[c, p, g] = sum_k masks[c, g, k] * f((s[c, k] - t[c, p]) / tau)`` with ``f = sigma`` (no ``cap``)
-    or ``f(u) = sigma(min(u, cap)) + start * H(u) + rho_tau * [u - cap]_+`` (``H^-`` in units of ``tau``)."""
+    or ``f(u) = sigma(min(u, cap)) + start * H(u) + rho_tau * [u - cap]_+`` (``H^-`` in units of ``tau``),
+    in blocks of rows (:func:`_blocks`); the backward recomputes ``f'`` block by block (saved: the scaled
+    scores, the pivots and the masks, no ``(C, P, M)`` tensor: its fresh pages cost more than the recomputation)."""
 
     @staticmethod
     def forward(ctx, scores, pivot_scores, masks, tau: float, cap: float | None, rho_tau: float, start: float):  # type: ignore[override]
-        scaled = scores / tau
-        u = scaled.unsqueeze(1) - (pivot_scores / tau).unsqueeze(2)
-        weights = masks.to(u.dtype)
-        sums = None
-        if cap is not None:
-            indicator = torch.ge(u, 0.0, out=torch.empty_like(u))  # the pessimistic step H(u), as floats
-            sums = start * torch.bmm(indicator, weights.transpose(1, 2))
-            torch.gt(u, cap, out=indicator)  # the linear branch
+        scaled, pivots = scores / tau, pivot_scores / tau
+        weights = masks.to(scaled.dtype)
+        right = weights.transpose(1, 2)  # (C, M, G)
+        num_masks = weights.shape[1]
+        if cap is not None:  # [w | w s / tau]: counts and sums of the items beyond cap in one product
+            beyond_right = torch.cat([weights, weights * scaled.unsqueeze(1)], dim=1).transpose(1, 2)
+        sums = scaled.new_empty(pivots.shape[0], pivots.shape[1], num_masks)
+        for rows, u, indicator in _blocks(scaled, pivots):
+            if cap is None:
+                torch.bmm(u.sigmoid_(), right[rows], out=sums[rows])
+                continue
+            block = torch.bmm(torch.ge(u, 0.0, out=indicator), right[rows]).mul_(start)  # the pessimistic step H(u)
             # sum_k w_k [u_k > cap] (u_k - cap) = sum_k w_k [.] s_k / tau - (t_p / tau + cap) #{.}
-            above_sum = torch.bmm(indicator, (weights * scaled.unsqueeze(1)).transpose(1, 2))
-            above_count = torch.bmm(indicator, weights.transpose(1, 2))
-            sums = sums + rho_tau * (above_sum - (pivot_scores / tau + cap).unsqueeze(2) * above_count)
-            u.clamp_(max=cap)
-        u.sigmoid_()
-        smooth = torch.bmm(u, weights.transpose(1, 2))
-        sums = smooth if sums is None else sums + smooth
-        if ctx.needs_input_grad[0] or ctx.needs_input_grad[1]:
-            u.addcmul_(u, u, value=-1.0)  # sigma' = sigma (1 - sigma), in place
-            if cap is not None:  # slope rho_tau on the linear branch, where u was capped: sigma' = sigma'(cap) there
-                at_cap = 1.0 / (1.0 + math.exp(-cap))
-                u.add_(indicator, alpha=rho_tau - at_cap * (1.0 - at_cap))
-            ctx.save_for_backward(u, weights)
-            ctx.tau = tau
+            beyond = torch.bmm(torch.gt(u, cap, out=indicator), beyond_right[rows])
+            block += rho_tau * (beyond[..., num_masks:] - (pivots[rows] + cap).unsqueeze(2) * beyond[..., :num_masks])
+            sums[rows] = block.baddbmm_(u.clamp_(max=cap).sigmoid_(), right[rows])
+        ctx.save_for_backward(scaled, pivots, weights)
+        ctx.tau, ctx.cap, ctx.rho_tau = tau, cap, rho_tau
         return sums
 
     @staticmethod
     def backward(ctx, grad):  # type: ignore[override]
-        slope, weights = ctx.saved_tensors
-        grad = grad.to(slope.dtype) / ctx.tau
-        # dL/du[c,p,k] = slope[c,p,k] * sum_g grad[c,p,g] weights[c,g,k]; u = (s_k - t_p) / tau
-        d_scores = (torch.bmm(grad.transpose(1, 2), slope) * weights).sum(1)
-        d_pivots = -(torch.bmm(slope, weights.transpose(1, 2)) * grad).sum(2)
+        scaled, pivots, weights = ctx.saved_tensors
+        grad = grad.to(scaled.dtype) / ctx.tau
+        d_scores, d_pivots = torch.empty_like(scaled), torch.empty_like(pivots)
+        for rows, slope, beyond in _blocks(scaled, pivots):
+            if ctx.cap is not None:
+                torch.gt(slope, ctx.cap, out=beyond)  # the linear branch, as floats
+                slope.clamp_(max=ctx.cap)
+            slope.sigmoid_()
+            slope.addcmul_(slope, slope, value=-1.0)  # sigma' = sigma (1 - sigma), in place
+            if ctx.cap is not None:  # slope rho_tau on the linear branch, where u was capped: sigma' = sigma'(cap) there
+                at_cap = 1.0 / (1.0 + math.exp(-ctx.cap))
+                slope.add_(beyond, alpha=ctx.rho_tau - at_cap * (1.0 - at_cap))
+            # dL/du[c,p,k] = slope[c,p,k] * sum_g grad[c,p,g] weights[c,g,k]; u = (s_k - t_p) / tau
+            d_scores[rows] = (torch.bmm(grad[rows].transpose(1, 2), slope) * weights[rows]).sum(1)
+            d_pivots[rows] = -(torch.bmm(slope, weights[rows].transpose(1, 2)) * grad[rows]).sum(2)
         return d_scores, d_pivots, None, None, None, None, None
+
+
+def _blocks(scaled: torch.Tensor, pivots: torch.Tensor):
+    """Yield ``(rows, u, buffer)`` over blocks of at most :data:`KERNEL_BLOCK` elements (at least one row):
+    ``u = scaled[rows, None, :] - pivots[rows, :, None]`` written into one reused buffer, and a second
+    reused buffer of the same shape (float indicators: faster than bool ones on CPU)."""
+    num_rows, num_pivots, width = pivots.shape[0], pivots.shape[1], scaled.shape[1]
+    step = max(1, min(num_rows, KERNEL_BLOCK // max(1, num_pivots * width)))
+    u_buffer = scaled.new_empty(step, num_pivots, width)
+    other = scaled.new_empty(step, num_pivots, width)
+    for first in range(0, num_rows, step):
+        rows = slice(first, first + step)
+        count = min(step, num_rows - first)
+        u = torch.sub(scaled[rows].unsqueeze(1), pivots[rows].unsqueeze(2), out=u_buffer[:count])
+        yield rows, u, other[:count]
 
 
 def sigmoid_sums(scores: torch.Tensor, pivot_scores: torch.Tensor, masks: torch.Tensor, tau: float) -> torch.Tensor:
     """``(C, P, G)``: ``sum_{k in mask g} sigma((s_k - s_p) / tau)`` for every pivot ``p`` and mask ``g``
     (``scores`` ``(C, M)``, ``pivot_scores`` ``(C, P)``, ``masks`` ``(C, G, M)`` bool or 0/1 floats).
-    Memory: one ``(C, P, M)`` float buffer, kept for the backward as ``sigma'``."""
+    Memory: two blocks of :data:`KERNEL_BLOCK` floats and the ``(C, G, M)`` float masks."""
     return _SurrogateSums.apply(scores, pivot_scores, masks, float(tau), None, 0.0, 0.0)
 
 
@@ -116,7 +143,7 @@ def sup_rank_sums(
 
     The linear branch is summed as ``rho * (sum s_k - n (s_p + delta))`` over the items beyond
     ``delta`` only, so its float error is relative to those items' own contribution.
-    Memory: one ``(C, P, M)`` float buffer and one bool buffer.
+    Memory: two blocks of :data:`KERNEL_BLOCK` floats and ``(C, 3G, M)`` floats (masks, masks times scores).
     """
     return _SurrogateSums.apply(scores, pivot_scores, masks, float(tau), float(delta) / float(tau), float(rho) * float(tau), float(start))
 
@@ -146,51 +173,95 @@ class Pivots:
     def positive_rank(self, num_levels: int) -> torch.Tensor:
         """Exact ``rank^+(k) = 1 + sum_{j != k, l_j >= l_k} H(s_j - s_k) = sum_{m >= l_k} N[k, m - 1]``
         (TPAMI Eq. 3, pessimistic ties, :meth:`step_counts`), ``(C, P)``, no gradient."""
-        at_least = self.step_counts(num_levels).flip(2).cumsum(2).flip(2)
-        return torch.gather(at_least, 2, (self.levels - 1).clamp(min=0).unsqueeze(2)).squeeze(2)
+        counts = self.step_counts(num_levels)
+        rank = torch.zeros_like(self.scores)
+        for m in range(num_levels):  # one (C, P) product per level: cheaper than reductions over the last dimension
+            rank.addcmul_(counts[..., m], self.levels <= m + 1)
+        return rank
 
     def pairwise_positive_rank(self) -> torch.Tensor:
         """:meth:`positive_rank` by ``P^2`` comparisons per query (:func:`pairwise_step_counts`): the reference path."""
         weights = self.pair_mask() & (self.levels.unsqueeze(1) >= self.levels.unsqueeze(2))
         return 1.0 + pairwise_step_counts(self.scores, self.scores, weights.to(self.scores.dtype))
 
-    def lower_masks(self, levels: torch.Tensor, valid: torch.Tensor, num_levels: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """``Omega_k^<`` as ``G = L`` float masks ``(C, L, M)`` (mask ``g``: valid items of level ``<= g``)
-        and each pivot's mask index ``level - 1``, ``(C, P)``."""
-        bounds = torch.arange(num_levels, device=levels.device, dtype=levels.dtype).view(1, -1, 1)
-        masks = torch.le(levels.unsqueeze(1), bounds, out=self.scores.new_empty(levels.shape[0], num_levels, levels.shape[1]))
-        return masks.mul_(valid.unsqueeze(1)), (self.levels - 1).clamp(min=0)
+    def lower_masks(self, levels: torch.Tensor, valid: torch.Tensor, num_levels: int, first: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+        """``Omega_k^<`` as ``G = L - first`` float masks ``(C, G, M)`` (mask ``g``: valid items of level ``<= first + g``)
+        and each pivot's mask index ``level - 1 - first`` (clamped at 0), ``(C, P)``. ``first > 0`` leaves out
+        the masks of pivots at levels ``<= first``, which no pivot with a less relevant item uses when no row has
+        a valid item below level ``first`` (:func:`lowest_levels`)."""
+        bounds = torch.arange(first, num_levels, device=levels.device, dtype=levels.dtype).view(1, -1, 1)
+        masks = torch.le(levels.unsqueeze(1), bounds, out=self.scores.new_empty(levels.shape[0], bounds.shape[1], levels.shape[1]))
+        return masks.mul_(valid.unsqueeze(1)), (self.levels - 1 - first).clamp(min=0)
+
+
+def row_counts(mask: torch.Tensor) -> torch.Tensor:
+    """``(C,)`` int64: the ``True`` entries of each row of a ``(C, M)`` bool mask, summed as int32 over blocks of
+    :data:`KERNEL_BLOCK` elements (a bool row sum over a whole large matrix is 10-20x slower on CPU)."""
+    rows = max(1, KERNEL_BLOCK // max(1, mask.shape[1]))
+    if mask.shape[0] <= rows:
+        return mask.sum(1, dtype=torch.int32).long()
+    return torch.cat([mask[first : first + rows].sum(1, dtype=torch.int32) for first in range(0, mask.shape[0], rows)]).long()
 
 
 def padded_columns(mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """The ``True`` columns of each row of a ``(C, M)`` bool mask, left-aligned and padded to
-    ``K = max(1, max_c |row c|)``: ``index`` ``(C, K)`` int64 (0 for padding) and ``present`` ``(C, K)`` bool."""
-    counts = mask.sum(1)
+    ``K = max(1, max_c |row c|)``: ``index`` ``(C, K)`` int64 (0 for padding) and ``present`` ``(C, K)`` bool.
+    Sparse masks: from ``nonzero``; dense ones (over 1/8 set): each column scattered to its slot ``cumsum - 1``."""
+    counts = row_counts(mask)
     num = max(1, int(counts.max())) if counts.numel() else 1
+    present = torch.arange(num, device=mask.device) < counts.unsqueeze(1)
+    if 8 * int(counts.sum()) > mask.numel():
+        slot = torch.where(mask, mask.cumsum(1, dtype=torch.int32) - 1, num).long()  # unset columns: a spare slot
+        index = torch.zeros(mask.shape[0], num + 1, dtype=torch.long, device=mask.device)
+        index.scatter_(1, slot, torch.arange(mask.shape[1], device=mask.device).expand_as(slot))
+        return index[:, :num], present  # slots past a row's count were never written: 0
     rows, cols = mask.nonzero(as_tuple=True)
     slot = torch.arange(rows.numel(), device=rows.device) - (counts.cumsum(0) - counts)[rows]
     index = torch.zeros(mask.shape[0], num, dtype=torch.long, device=mask.device)
     index[rows, slot] = cols
-    return index, torch.arange(num, device=mask.device) < counts.unsqueeze(1)
+    return index, present
 
 
-def has_lower_item(levels: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+def lowest_levels(levels: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+    """``(C, 1)``: the lowest level of each row's valid items (the dtype's maximum for a row without any)."""
+    return levels.masked_fill(~valid, torch.iinfo(levels.dtype).max).amin(1, keepdim=True)
+
+
+def has_lower_item(levels: torch.Tensor, valid: torch.Tensor, lowest: torch.Tensor | None = None) -> torch.Tensor:
     """``(C, M)`` bool, from integer ``levels``: valid items ``k`` whose set ``Omega_k^< = {valid j : l_j < l_k}`` is not empty,
-    i.e. ``l_k > min_{valid j} l_j``. ``rank_s^-(k)`` is exactly 0 for the other pivots."""
-    lowest = levels.masked_fill(~valid, torch.iinfo(levels.dtype).max).amin(1, keepdim=True)
-    return valid & (levels > lowest)
+    i.e. ``l_k > min_{valid j} l_j`` (``lowest``: :func:`lowest_levels`, computed when not given).
+    ``rank_s^-(k)`` is exactly 0 for the other pivots."""
+    return valid & (levels > (lowest_levels(levels, valid) if lowest is None else lowest))
 
 
-def level_step_counts(pivot_scores: torch.Tensor, pivot_levels: torch.Tensor, num_levels: int) -> torch.Tensor:
+STEP_COUNT_METHODS = ("auto", "compiled", "torch")
+"""How :func:`level_step_counts` sorts: ``"compiled"`` (CPU float32: numpy sort of packed keys and a numba walk),
+``"torch"`` (``torch.sort`` + ``searchsorted``: any device and dtype, the reference) or ``"auto"`` (compiled where it applies)."""
+
+
+def level_step_counts(pivot_scores: torch.Tensor, pivot_levels: torch.Tensor, num_levels: int, method: str = "auto") -> torch.Tensor:
     """``N[c, k, m - 1] = sum_j [l_j = m] H(s_j - s_k)`` for ``m = 1..L`` over the pivots ``j`` of row ``c``
     (``k`` itself included: ``H(0) = 1``, pessimistic ties), ``(C, P, L)`` in the scores' dtype, no gradient.
 
     ``pivot_scores`` ``(C, P)``; ``pivot_levels`` ``(C, P)`` in ``[0, L]``, 0 (padding) counted nowhere.
-    Each row is sorted once; ``N[c, k]`` is the per-level suffix sum from the first sorted position whose
-    score is ``>= s_k`` (``searchsorted``, left): ``O(P log P + P L)`` per row instead of the ``P^2``
-    comparisons of :func:`pairwise_step_counts`. Exact for counts below ``2^24`` (float32).
+    Each row is sorted once; ``N[c, k]`` is the per-level count from the first sorted position whose
+    score is ``>= s_k``: ``O(P log P + P L)`` per row instead of the ``P^2`` comparisons of
+    :func:`pairwise_step_counts`. Exact for counts below ``2^24`` (float32). ``method``: one of
+    :data:`STEP_COUNT_METHODS` (same counts; ``"compiled"`` is ~8x faster on CPU than ``torch.sort``).
     """
+    if method not in STEP_COUNT_METHODS:
+        raise ValueError(f"unknown method {method!r}; use one of {', '.join(STEP_COUNT_METHODS)}")
+    compiled = pivot_scores.device.type == "cpu" and pivot_scores.dtype == torch.float32
+    if method == "compiled" and not compiled:
+        raise ValueError(f"method='compiled' needs float32 CPU scores, got {pivot_scores.dtype} on {pivot_scores.device}")
     with torch.no_grad():
+        if method != "torch" and compiled:
+            from rankopt.rank import _step_kernels as kernels  # noqa: PLC0415 - numba, compiled on first use
+
+            scores = (pivot_scores + 0.0).numpy()  # + 0.0: -0.0 becomes +0.0, equal scores equal bits
+            out = torch.empty(*pivot_scores.shape, num_levels, dtype=pivot_scores.dtype)
+            kernels.step_counts(scores, pivot_levels.to(torch.int64).contiguous().numpy(), out.numpy(), torch.get_num_threads())
+            return out
         sorted_scores, order = pivot_scores.sort(dim=1)
         one_hot = torch.nn.functional.one_hot(torch.gather(pivot_levels, 1, order), num_levels + 1)
         suffix = torch.zeros(one_hot.shape[0], one_hot.shape[1] + 1, num_levels, dtype=pivot_scores.dtype, device=pivot_scores.device)

@@ -95,3 +95,29 @@ def test_grid_skips_finished_runs_and_resumes_interrupted_ones(omniglot, tmp_pat
     resumed = json.loads((interrupted / "report.json").read_text())["trained"]
     straight = json.loads((tmp_path / "grid" / "roadmap" / "report.json").read_text())["trained"]
     assert resumed == straight
+
+
+def test_photo_and_face_benchmarks_have_reference_rows_and_need_their_weights(tmp_path, monkeypatch):
+    from rankopt.config import load_config
+    from rankopt.experiments.benchmark import BENCHMARKS
+
+    weights = tmp_path / "w.pt"
+    weights.write_bytes(b"x")
+    monkeypatch.delenv("RANKOPT_WEIGHTS_MOBILENETV2", raising=False)
+    specs = benchmark_specs("caltech101", root=str(tmp_path), seeds=(0,), weights=str(weights))
+    by_name = {s.name: s for s in specs}
+    assert {"pretrained-s0", "roadmap_random_init-s0", "multi_similarity-s0", "contrastive-s0"} <= set(by_name)
+    assert len(specs) == 12  # ten losses and two reference rows
+    assert "train.epochs=0" in by_name["pretrained-s0"].overrides
+    assert f"model.kwargs.pretrained_path={weights}" in by_name["smooth_ap-s0"].overrides
+    random_init = load_config("caltech101", list(by_name["roadmap_random_init-s0"].overrides))
+    assert not random_init.model.pretrained and random_init.model.freeze == [] and random_init.name == "roadmap_random_init"
+    tuned = load_config("caltech101", list(by_name["sup_ap-s0"].overrides))
+    assert tuned.loss.name == "sup_ap" and tuned.model.freeze and tuned.name == "sup_ap"
+    with pytest.raises(ValueError, match="--weights"):
+        benchmark_specs("caltech101", root=str(tmp_path))
+    with pytest.raises(FileNotFoundError, match="weights file"):
+        benchmark_specs("caltech101", root=str(tmp_path), weights=str(tmp_path / "nope.pt"))
+    assert BENCHMARKS["yaleb"].baseline == "released" and BENCHMARKS["caltech101"].group_by == ("name",)
+    faces = tuning_specs("yaleb", root=str(tmp_path), weights=str(weights))
+    assert {s.tags["loss"] for s in faces} == {"smooth_ap", "contrastive"} and len(faces) == 6

@@ -230,10 +230,10 @@ def bench_train(backbone: str, size: int, weights: str | None, root: Path, recip
             return step(batch)
 
         trainer._train_step = recording_step  # type: ignore[method-assign]
-        trainer.steps_per_epoch = 1
-        trainer.train_epoch()  # warm-up, and a batch for the first forward+backward-alone pass
-        trainer.steps_per_epoch = steps
-        alone = [forward_backward_rate(trainer, recorded * steps)]
+        trainer.steps_per_epoch = 2
+        trainer.train_epoch()  # warm-up (the first steps allocate the optimizer's state), and batches for
+        trainer.steps_per_epoch = steps  # the first forward+backward-alone pass
+        alone = [forward_backward_rate(trainer, [recorded[i % 2] for i in range(steps)])]
         for name, transform in (("reference", Reference(fast)), ("fast", fast)):
             trainer.train_ds.transform = transform
             recorded.clear()
@@ -338,7 +338,7 @@ def main() -> int:
     parser.add_argument("--backbones", nargs="+", default=["mobilenet_v2"])
     parser.add_argument("--sizes", type=int, nargs="+", default=[128, 224])
     parser.add_argument("--weights", help="weights file of the (single) backbone (default: its $RANKOPT_WEIGHTS_* file)")
-    parser.add_argument("--index-images", type=int, default=384)
+    parser.add_argument("--index-images", type=int, default=256)
     parser.add_argument("--index-batch", type=int, default=64)
     parser.add_argument("--workers", type=int, nargs="+", default=[0, 1, 2], help="DataLoader workers of (a)")
     parser.add_argument("--recipe", default="image_folder")

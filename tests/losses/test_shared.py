@@ -113,19 +113,6 @@ def test_compiled_step_counts_equal_torch_and_brute_force(shared_top):
         S.level_step_counts(scores, levels, 3, method="fast")
 
 
-def test_compiled_step_counts_on_threads_equal_one_block():
-    from rankopt.rank import _step_kernels as kernels
-
-    g = torch.Generator().manual_seed(8)
-    scores = (torch.randint(-6, 7, (70, 25), generator=g) / 8).numpy()  # many ties
-    levels = torch.randint(0, 4, (70, 25), generator=g).numpy()
-    one, split = (torch.empty(70, 25, 3).numpy() for _ in range(2))
-    kernels.step_counts(scores, levels, one, threads=1)
-    kernels.step_counts(scores, levels, split, threads=3)  # blocks of >= MIN_ROWS_PER_THREAD rows on the thread pool
-    assert (one == split).all()
-    torch.testing.assert_close(torch.from_numpy(one).double(), brute_counts(torch.from_numpy(scores), torch.from_numpy(levels), 3), rtol=0, atol=0)
-
-
 @pytest.mark.parametrize("cap", [True, False])
 def test_kernel_blocks_do_not_change_values_or_gradients(monkeypatch, cap):
     """One block of rows vs blocks of a single row (float64, exact ties and differences right at delta)."""

@@ -3,19 +3,13 @@
 Each row's float32 scores are packed with their column into int64 keys
 ``(order-preserving score bits << 32) | column`` and sorted by numpy (one value sort, no
 argsort); :func:`walk_counts` then walks each sorted row once from the top, tie group by tie group.
-:func:`step_counts` runs both over blocks of rows on a small thread pool (both release the GIL).
+Both run in the calling thread: on a thread pool they would compete with torch's spinning OpenMP threads.
 """
 
 from __future__ import annotations
 
-import os
-from concurrent.futures import ThreadPoolExecutor
-
 import numba as nb
 import numpy as np
-
-_pool: ThreadPoolExecutor | None = None
-MIN_ROWS_PER_THREAD = 16
 
 COLUMN_BITS = 32
 COLUMN_MASK = (1 << COLUMN_BITS) - 1
@@ -56,18 +50,3 @@ def walk_counts(keys: np.ndarray, levels: np.ndarray, out: np.ndarray) -> None: 
                     out[c, k, m] = counts[m + 1]
             end = start
 
-
-def step_counts(scores: np.ndarray, levels: np.ndarray, out: np.ndarray, threads: int) -> None:
-    """:func:`sorted_keys` then :func:`walk_counts` (``levels`` int64 ``(C, K)``, ``out`` ``(C, K, L)``), the rows
-    split into ``threads`` blocks run on a module thread pool when each block has :data:`MIN_ROWS_PER_THREAD` rows."""
-    global _pool
-    blocks = max(1, min(threads, os.cpu_count() or 1, scores.shape[0] // MIN_ROWS_PER_THREAD))
-    if blocks == 1:
-        walk_counts(sorted_keys(scores), levels, out)
-        return
-    if _pool is None:
-        _pool = ThreadPoolExecutor(max_workers=os.cpu_count(), thread_name_prefix="rankopt-step-counts")
-    bounds = np.linspace(0, scores.shape[0], blocks + 1).astype(int)
-    parts = [slice(a, b) for a, b in zip(bounds[:-1], bounds[1:], strict=True)]
-    for done in [_pool.submit(lambda part: walk_counts(sorted_keys(scores[part]), levels[part], out[part]), part) for part in parts]:
-        done.result()

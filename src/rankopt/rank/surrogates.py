@@ -28,8 +28,8 @@ import math
 
 import torch
 
-KERNEL_BLOCK = 1 << 19
-"""Elements of one ``(rows, P, M)`` block of the fused kernels (2 MiB of float32 per buffer, two buffers)."""
+KERNEL_BLOCK = 1 << 20
+"""Elements of one ``(rows, P, M)`` block of the fused kernels (4 MiB of float32 per buffer, two buffers)."""
 
 
 def heaviside(t: torch.Tensor) -> torch.Tensor:
@@ -258,9 +258,9 @@ def level_step_counts(pivot_scores: torch.Tensor, pivot_levels: torch.Tensor, nu
         if method != "torch" and compiled:
             from rankopt.rank import _step_kernels as kernels  # noqa: PLC0415 - numba, compiled on first use
 
-            scores = (pivot_scores + 0.0).numpy()  # + 0.0: -0.0 becomes +0.0, equal scores equal bits
+            keys = kernels.sorted_keys((pivot_scores + 0.0).numpy())  # + 0.0: -0.0 becomes +0.0, equal scores equal bits
             out = torch.empty(*pivot_scores.shape, num_levels, dtype=pivot_scores.dtype)
-            kernels.step_counts(scores, pivot_levels.to(torch.int64).contiguous().numpy(), out.numpy(), torch.get_num_threads())
+            kernels.walk_counts(keys, pivot_levels.to(torch.int64).contiguous().numpy(), out.numpy())
             return out
         sorted_scores, order = pivot_scores.sort(dim=1)
         one_hot = torch.nn.functional.one_hot(torch.gather(pivot_levels, 1, order), num_levels + 1)

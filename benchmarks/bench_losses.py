@@ -34,6 +34,7 @@ import time
 from pathlib import Path
 
 from rankopt.files import write_text_atomic
+from rankopt.runtime import keep_allocations
 
 OURS = ["sup_ap", "smooth_ap", "calibration", "roadmap", "rod_ap", "hap", "hap_shared", "happier", "sup_recall", "fastap", "softbin_ap"]
 PML = {"pml_smooth_ap": "SmoothAPLoss", "pml_fastap": "FastAPLoss"}
@@ -195,6 +196,7 @@ def ratio_run(args: argparse.Namespace, command: str) -> list[str]:
 
 
 def main() -> None:
+    keep_allocations()  # as every rankopt command does (rankopt.runtime)
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--sizes", type=int, nargs="+", help=f"batch sizes (default {SIZES}; with --ratios {RATIO_SIZES})")
     parser.add_argument("--losses", nargs="+", default=OURS + list(PML))

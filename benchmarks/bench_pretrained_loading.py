@@ -55,6 +55,7 @@ from rankopt.data.transforms import PRESETS, build_transform
 from rankopt.metrics import evaluate
 from rankopt.models import create_model
 from rankopt.search import Index
+from rankopt.runtime import keep_allocations
 
 RESULTS = Path(__file__).resolve().parent / "results"
 WEIGHTS_ENV = {"mobilenet_v2": "RANKOPT_WEIGHTS_MOBILENETV2", "efficientnet_lite0": "RANKOPT_WEIGHTS_EFFICIENTNET_LITE0"}
@@ -332,6 +333,7 @@ def table(rows: list[dict[str, Any]], columns: list[tuple[str, str, str]]) -> li
 
 
 def main() -> int:
+    keep_allocations()  # as every rankopt command does (rankopt.runtime)
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--root", default=os.environ.get("RANKOPT_CALTECH101"), help="Caltech-101 folder "
                         "(101_ObjectCategories; default $RANKOPT_CALTECH101)")

@@ -1,16 +1,19 @@
-"""What each step of the landmark-retrieval toolbox adds on Omniglot's test alphabets.
+"""What each step of the landmark-retrieval toolbox adds on a benchmark's test classes (Omniglot, Caltech-101).
 
     python benchmarks/landmark_toolbox.py --runs benchmarks/runs/omniglot --root ../shared/data/omniglot
+    python benchmarks/landmark_toolbox.py --runs RUNS --losses roadmap sup_ap \
+        --out benchmarks/results/landmark_toolbox_caltech101           # RUNS: rankopt benchmark caltech101 --out RUNS
 
 Steps (``rankopt.postprocess``): multi-scale descriptors (1, 1/sqrt 2, 1/2), PCA whitening,
-supervised whitening, DBA and αQE, alone and all together, on the checkpoints of the Omniglot
-benchmark (``RUNS/<loss>-s<seed>/checkpoints/last.ckpt``, the final model: ``best.ckpt`` is chosen
-on the test alphabets the recipe evaluates after every epoch; produce them with
-``rankopt benchmark omniglot --root ROOT --out RUNS``). Whitening is fitted on the checkpoint's
-training alphabets, never the test alphabets. Hyper-parameters are either the papers' values or
-chosen on a class-disjoint validation split of whole training alphabets
+supervised whitening, DBA and αQE, alone and all together, on the checkpoints of a benchmark
+(``RUNS/<loss>-s<seed>/checkpoints/last.ckpt``, the final model: ``best.ckpt`` is chosen
+on the test classes the recipe evaluates; produce them with ``rankopt benchmark NAME --out RUNS``).
+The dataset is the checkpoint's (its folder: ``--root``, else the checkpoint config's ``data.root``).
+Whitening is fitted on the checkpoint's training classes, never the test classes. Hyper-parameters are
+either the papers' values or chosen on a class-disjoint validation split of whole training classes at the
+coarsest level (Omniglot: alphabets)
 (``rankopt.data.splits.held_out_classes``; the whitening then fitted on the other training
-alphabets), per checkpoint, then refitted on all training alphabets. Each split is embedded once
+classes), per checkpoint, then refitted on all training classes. Each split is embedded once
 per checkpoint and scale setting. ``--roxford DIR`` (Revisited Oxford, when present) adds the
 landmark protocol's Medium/Hard mAP with the same steps.
 
@@ -25,7 +28,6 @@ import dataclasses
 import datetime
 import io
 import itertools
-import os
 import shlex
 import sys
 import time
@@ -47,8 +49,12 @@ from rankopt.postprocess import Expansion, PostProcessing, fit_pca_whitening, fi
 from rankopt.report.stats import paired_difference, summarize
 
 RESULTS = Path(__file__).resolve().parent / "results"
-OMNIGLOT = Path(os.environ.get("RANKOPT_OMNIGLOT", Path(__file__).resolve().parents[2] / "shared" / "data" / "omniglot"))
-"""Default ``--root``: ``$RANKOPT_OMNIGLOT``, else ``shared/data/omniglot`` beside the clone (as the tests)."""
+DATA = {
+    "omniglot": "Omniglot test alphabets (self-retrieval, each query excluded by index), 32 px characters",
+    "caltech101": "Caltech-101 test classes (the last 50 categories, 3,063 photos, self-retrieval, each query excluded "
+                  "by index), 128 px",
+}
+"""What the table's data are, per dataset of the checkpoints."""
 METRICS = ("map", "map@r", "recall@1")
 SELECT_ON = "map"
 PCA_GRID = [{"power": p, "shrinkage": b} for p in (0.25, 0.5) for b in (0.0, 0.1, 0.3)]
@@ -60,7 +66,7 @@ PAPER_EXPANSION = Expansion(10, 2.0)  # ICCV'19 §5: αQE with α = 2, k = 10
 
 @dataclasses.dataclass
 class Embedded:
-    """Embeddings of one checkpoint's training and test alphabets at one scale setting."""
+    """Embeddings of one checkpoint's training and test classes at one scale setting."""
 
     train: EmbeddedSplit
     test: EmbeddedSplit
@@ -112,15 +118,16 @@ def choose(candidates: list[Any], evaluate: Any) -> tuple[Any, float]:
     return candidates[best], values[best]
 
 
-def checkpoint_rows(path: Path, root: Path, val_fraction: float) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+def checkpoint_rows(path: Path, root: Path | None, val_fraction: float) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     """Every table row's metrics for one checkpoint, and the chosen hyper-parameters."""
     model, cfg = model_from_checkpoint(path)
+    root = root or cfg.data.root
     transform = build_transforms(cfg)[1] if cfg.data.batch_transform else None
     test_tf = None if transform is not None else build_transforms(cfg)[1]
     datasets = {s: build_dataset(cfg.data.name, root, s, transform=test_tf, **cfg.data.kwargs) for s in ("train", "test")}
     single, multi = embed(model, datasets, transform)
 
-    # class-disjoint validation: whole training alphabets held out (label column -1 = alphabet)
+    # class-disjoint validation: whole training classes of the coarsest level held out (Omniglot: alphabets)
     labels = single.train.labels.numpy()
     held = np.isin(labels[:, -1], held_out_classes(labels, val_fraction, level=-1, seed=0))
     fit_part, val = rows_of(single.train, ~held), rows_of(single.train, held)
@@ -206,12 +213,11 @@ def table(results: dict[str, list[dict[str, Any]]]) -> tuple[str, list[list[Any]
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--runs", type=Path, default=Path("benchmarks/runs/omniglot"),
-                        help="the Omniglot benchmark's output folder (rankopt benchmark omniglot --out RUNS)")
-    parser.add_argument("--root", type=Path, default=OMNIGLOT,
-                        help="Omniglot folder (default: $RANKOPT_OMNIGLOT, else shared/data/omniglot beside the clone)")
+                        help="a benchmark's output folder (rankopt benchmark NAME --out RUNS)")
+    parser.add_argument("--root", type=Path, help="the dataset's folder (default: each checkpoint's data.root)")
     parser.add_argument("--losses", nargs="+", default=["roadmap", "smooth_ap"])
     parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
-    parser.add_argument("--val-fraction", type=float, default=0.2, help="training alphabets held out for validation")
+    parser.add_argument("--val-fraction", type=float, default=0.2, help="training classes (coarsest level) held out for validation")
     parser.add_argument("--roxford", type=Path, help="Revisited Oxford folder (rankopt dataset roxford5k), if present")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--out", type=Path, default=RESULTS / "landmark_toolbox")
@@ -226,8 +232,7 @@ def main(argv: list[str] | None = None) -> int:
         for seed in args.seeds:
             path = args.runs / f"{loss}-s{seed}" / "checkpoints" / "last.ckpt"
             if not path.is_file():
-                raise FileNotFoundError(f"{path} is missing: run `rankopt benchmark omniglot --root {args.root} "
-                                        f"--out {args.runs}` first")
+                raise FileNotFoundError(f"{path} is missing: run `rankopt benchmark NAME --out {args.runs}` first")
             results[f"{loss}-s{seed}"], chosen[f"{loss}-s{seed}"] = checkpoint_rows(path, args.root, args.val_fraction)
             print(f"{loss}-s{seed} done at {time.perf_counter() - start:.0f} s", file=sys.stderr)
         md, rows = table(results)
@@ -251,7 +256,9 @@ def main(argv: list[str] | None = None) -> int:
     seconds = time.perf_counter() - start
     body = "\n".join(sections)
     command = "python " + " ".join(shlex.quote(a) for a in [sys.argv[0], *(argv if argv is not None else sys.argv[1:])])
-    doc = f"""# Landmark toolbox on Omniglot: what each post-processing step adds
+    dataset = model_from_checkpoint(args.runs / f"{args.losses[0]}-s{args.seeds[0]}" / "checkpoints" / "last.ckpt")[1].data.name
+    classes = "alphabets" if dataset == "omniglot" else "classes"
+    doc = f"""# Landmark toolbox on {dataset}: what each post-processing step adds
 
 Generated by `benchmarks/landmark_toolbox.py` on {datetime.date.today().isoformat()} in {seconds / 60:.1f} min.
 
@@ -259,16 +266,16 @@ Generated by `benchmarks/landmark_toolbox.py` on {datetime.date.today().isoforma
 
 Machine: {machine_info("cpu")}
 
-Data: Omniglot test alphabets (self-retrieval, each query excluded by index), 32 px characters, the
-Omniglot benchmark's final model (`last.ckpt`) per loss and seed. Metrics in %, mean ± sample sd over the seeds;
+Data: {DATA.get(dataset, dataset + " test split")}, the benchmark's final model (`last.ckpt`) per loss and
+seed. Metrics in %, mean ± sample sd over the seeds;
 Δ = paired difference to the baseline of the same checkpoint (mean ± sd; `*`: paired t-test p < 0.05).
 
 Hyper-parameters: "paper" rows use fixed values (ICCV'19 §5: square-rooted PCA, power 0.25; αQE with
 α = 2, k = 10). "validated" rows choose, per checkpoint, by {SELECT_ON} on a class-disjoint validation split of
-{args.val_fraction:.0%} of the *training* alphabets (whitening fitted on the other training alphabets), then refit
-on all training alphabets: PCA power {{0.25, 0.5}} × shrinkage {{0, 0.1, 0.3}} (full dim); supervised whitening
-shrinkage {{0, 0.1, 0.3}} (all same-character pairs, ≤ 1000 per class); DBA/αQE k {{1, 2, 3, 5, 10}} × α {{1, 2, 3}}.
-The test alphabets are never used to fit or choose anything.
+{args.val_fraction:.0%} of the *training* {classes} (whitening fitted on the other training {classes}), then refit
+on all training {classes}: PCA power {{0.25, 0.5}} × shrinkage {{0, 0.1, 0.3}} (full dim); supervised whitening
+shrinkage {{0, 0.1, 0.3}} (all same-class pairs, ≤ 1000 per class); DBA/αQE k {{1, 2, 3, 5, 10}} × α {{1, 2, 3}}.
+The test {classes} are never used to fit or choose anything.
 
 {body}
 ## Revisited Oxford / Paris

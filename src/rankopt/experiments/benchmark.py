@@ -89,7 +89,7 @@ BENCHMARKS: dict[str, Benchmark] = {
          **{loss: (f"loss.name={loss}", *_PRETRAINED) for loss in PHOTO_LOSSES},
          "roadmap_random_init": ("loss.name=roadmap", "model.pretrained=false", "model.freeze=[]")},
         group_by=("name",), weights_env="RANKOPT_WEIGHTS_MOBILENETV2", root_env="RANKOPT_CALTECH101",
-        lrs=(1e-4, 3e-4, 1e-3)),
+        tuning_rows=("roadmap", "smooth_ap"), lrs=(1e-5, 3e-5, 1e-4)),
     # Smooth-AP §6.3 in miniature: the released MobileFaceNet (CASIA-WebFace) zero-shot on the test identities of
     # Extended Yale B, then fine-tuned on its training identities with Table 4's losses
     "yaleb": Benchmark(

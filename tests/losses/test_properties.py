@@ -271,3 +271,38 @@ def test_fused_sums_match_elementwise_definitions(cap):
     (fused * weights).sum().backward()
     (dense * weights).sum().backward()
     torch.testing.assert_close(a.grad, b.grad, rtol=1e-8, atol=1e-8)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_calibration_compiled_kernels_equal_the_torch_path(dtype):
+    """The CPU kernels give the torch expressions' values and gradients, scores exactly at alpha and beta
+    included (no gradient there: the hinges' subgradient 0), with a reference set and without positives."""
+    g = torch.Generator().manual_seed(0)
+    x = torch.nn.functional.normalize(torch.randn(40, 6, generator=g, dtype=dtype), dim=1)
+    x = torch.cat([x, x[:2] * 0.9 + x[2:4] * 0.1])  # near-duplicates: positives above alpha
+    lab = torch.randint(0, 9, (42,), generator=g)
+    lab[-1] = 100  # a query without positives
+    rx, rlab = torch.randn(7, 6, generator=g, dtype=dtype), torch.randint(0, 9, (7,), generator=g)
+    results = {}
+    for method in ("compiled", "torch"):
+        loss = L.build("calibration", method=method, max_elements=64)  # several chunks on the torch path
+        xg, rg = x.clone().requires_grad_(True), rx.clone().requires_grad_(True)
+        value = loss(xg, lab, rg, rlab)
+        value.backward()
+        results[method] = (value.detach(), xg.grad, rg.grad)
+    for got, expected in zip(results["compiled"], results["torch"], strict=True):
+        torch.testing.assert_close(got, expected, rtol=1e-6 if dtype == torch.float32 else 1e-12, atol=1e-7)
+    assert results["torch"][1].abs().sum() > 0  # the batch has active hinges on both sides
+
+    loss = L.build("calibration", method="compiled", alpha=0.5, beta=0.25)
+    scores = torch.tensor([[0.5, 0.25, 0.7, 0.1]], dtype=dtype, requires_grad=True)
+    levels = torch.tensor([[1, 0, 1, 0]], dtype=torch.int8)
+    batch = RetrievalSet(scores, levels, torch.ones_like(levels, dtype=torch.bool), 1, scores, torch.zeros(1, 1))
+    value = loss.compute(batch)
+    value.backward()
+    assert float(value) == 0.0 and scores.grad.abs().sum() == 0  # s = alpha on a positive, s = beta on a negative
+
+
+def test_calibration_unknown_method_is_refused():
+    with pytest.raises(ValueError, match="unknown method"):
+        L.build("calibration", method="numba")

@@ -30,7 +30,7 @@ def test_index_then_search_with_json_and_html(index_dir, queries, tmp_path, caps
     assert main(["search", str(index_dir), str(queries), "--top-k", "5", "--json", str(out_json),
                  "--html", str(out_html), "--device", "cpu", "--no-progress"]) == 0
     printed = capsys.readouterr().out
-    assert re.search(r"query .*alpha/one/q.png \(label alpha/one\)\n\s*rank\s+score\s+label\s+path\n\s*1 ", printed)
+    assert re.search(r"query .*alpha/one/q.png \(label alpha/one\)\n\s*rank\s+score\s+id\s+label\s+path\n\s*1 ", printed)
     records = json.loads(out_json.read_text())
     assert [r.get("query_label") for r in records] == ["alpha/one", "beta/four", None]
     assert all(len(r["results"]) == 5 and [x["rank"] for x in r["results"]] == [1, 2, 3, 4, 5] for r in records)

@@ -35,7 +35,7 @@ def test_exact_search_equals_a_float64_brute_force(kind):
     index = Index.from_embeddings(gallery, fingerprint="f", similarity=kind)
     result = index.search(queries, k=7)
     scores, ids = brute_force(queries, gallery, 7, kind)
-    assert result.ids.tolist() == ids.tolist()
+    assert result.rows.tolist() == ids.tolist()
     np.testing.assert_allclose(result.scores.numpy(), scores, rtol=1e-5, atol=1e-5)
     assert result.scores.dtype == torch.float32 and result.note == ""
 
@@ -44,7 +44,7 @@ def test_k_larger_than_the_index_is_capped_and_said():
     index = Index.from_embeddings(torch.randn(6, 4), fingerprint="f")
     result = index.search(torch.randn(2, 4), k=50)
     assert result.k == 6 and "k=50 capped to 6" in result.note
-    assert sorted(result.ids[0].tolist()) == list(range(6))
+    assert sorted(result.rows[0].tolist()) == list(range(6))
 
 
 def test_records_hold_paths_labels_and_ranks():
@@ -53,7 +53,7 @@ def test_records_hold_paths_labels_and_ranks():
     records = index.search(x[:2], k=2).records()
     assert records[0]["query"] == 0 and "query_label" not in records[0]
     first = records[0]["results"][0]
-    assert first == {"rank": 1, "id": 0, "path": "a.png", "score": pytest.approx(1.0), "label": 5}
+    assert first == {"rank": 1, "id": "0", "path": "a.png", "score": pytest.approx(1.0), "label": 5}
     assert records[1]["results"][0]["path"] == "b.png" and records[1]["results"][1]["rank"] == 2
 
 
@@ -79,7 +79,7 @@ def test_add_equals_building_from_everything():
     grown.add(b, labels=torch.arange(40, 65), fingerprint="f")
     whole = Index.from_embeddings(torch.cat([a, b]), labels=torch.arange(65), fingerprint="f")
     assert len(grown) == 65 and grown.dim == 6
-    assert grown.search(q, k=9).ids.tolist() == whole.search(q, k=9).ids.tolist()
+    assert grown.search(q, k=9).rows.tolist() == whole.search(q, k=9).rows.tolist()
     assert torch.equal(grown.labels, whole.labels)
     with pytest.raises(ValueError, match="fingerprint g is not the index's f"):
         grown.add(b, fingerprint="g")
@@ -95,7 +95,7 @@ def test_faiss_flat_equals_exact_search(kind):
     flat = Index.from_embeddings(gallery, fingerprint="f", similarity=kind, faiss="Flat", progress=False)
     found = flat.search(queries, k=10)
     assert flat.backend == "faiss Flat" and flat.info["faiss"]["recall"] is None
-    assert found.ids.tolist() == exact.ids.tolist()
+    assert found.rows.tolist() == exact.rows.tolist()
     np.testing.assert_allclose(found.scores.numpy(), exact.scores.numpy(), rtol=1e-4, atol=1e-4)
 
 
@@ -107,7 +107,7 @@ def test_approximate_index_recall_is_measured_printed_and_stored(spec, params, l
     assert recall["k"] == 10 and recall["queries"] == 1000 and least <= recall["value"] <= 1.0
     assert f"faiss {spec}: recall@10 vs exact = {recall['value']:.3f} on 1000 queries" in capsys.readouterr().out
     result = index.search(gallery[:5], k=3)
-    assert result.ids[:, 0].tolist() == list(range(5))  # each vector finds itself first
+    assert result.rows[:, 0].tolist() == list(range(5))  # each vector finds itself first
 
 
 def test_ivf_with_too_few_vectors_says_how_many_and_what_to_do():
@@ -129,7 +129,7 @@ def test_build_from_a_checkpoint_labels_by_class_folders_and_finds_query_labels(
     # the same images given as embeddings give the same neighbours
     again = index.search(Embedder.from_checkpoint(checkpoint, device="cpu", progress=False).embed(queries).embeddings,
                          k=4, fingerprint=index.fingerprint)
-    assert again.ids.tolist() == result.ids.tolist()
+    assert again.rows.tolist() == result.rows.tolist()
 
 
 def test_queries_from_another_model_are_refused_with_the_cause(tmp_path, checkpoint, tree, queries):
@@ -152,7 +152,7 @@ def test_a_module_needs_its_preprocessing(tree):
                         progress=False)
     assert len(index) == 12 and index.info["checkpoint"] is None
     result = index.search(tree / "beta", k=1)  # embedded by the module the index was built with
-    assert result.ids.shape == (6, 1) and result.query_labels[:, 1].tolist() == [1] * 6
+    assert result.rows.shape == (6, 1) and result.query_labels[:, 1].tolist() == [1] * 6
 
 
 def test_adding_images_merges_class_names(checkpoint, tree, tmp_path):

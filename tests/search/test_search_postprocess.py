@@ -46,12 +46,12 @@ def test_multiscale_and_whitening_are_part_of_the_index(tree: Path, queries: Pat
 
     # save -> load: the whitening travels in the folder; image queries go through the same pipeline
     index.save(tmp_path / "idx")
-    assert (tmp_path / "idx" / "whitening.safetensors").is_file()
+    assert (tmp_path / "idx" / "v000001" / "whitening.safetensors").is_file()
     loaded = Index.load(tmp_path / "idx")
     result = loaded.search(queries, 5, checkpoint=checkpoint)
     q = post.whitening.apply(embedder.with_postprocessing(PostProcessing(scales=SCALES)).embed(queries).embeddings)
     scores, ids = chunked_topk(q, index.embeddings, 5)
-    assert torch.equal(result.ids, ids) and torch.allclose(result.scores, scores, atol=1e-6)
+    assert torch.equal(result.rows, ids) and torch.allclose(result.scores, scores, atol=1e-6)
 
     # embeddings made without the pipeline are refused by fingerprint
     with pytest.raises(ValueError, match="fingerprint"):
@@ -64,10 +64,10 @@ def test_multiscale_and_whitening_are_part_of_the_index(tree: Path, queries: Pat
     swapped = dataclasses.replace(post.whitening, mean=post.whitening.mean + 1)
     from rankopt.postprocess import save_whitening
 
-    save_whitening(swapped, tmp_path / "idx" / "whitening.safetensors")
+    save_whitening(swapped, tmp_path / "idx" / "v000001" / "whitening.safetensors")
     with pytest.raises(ValueError, match="not the whitening index.json names"):
         Index.load(tmp_path / "idx")
-    (tmp_path / "idx" / "whitening.safetensors").unlink()
+    (tmp_path / "idx" / "v000001" / "whitening.safetensors").unlink()
     with pytest.raises(FileNotFoundError, match="whitening.safetensors is missing"):
         Index.load(tmp_path / "idx")
 
@@ -100,7 +100,7 @@ def test_dba_rewrites_the_indexed_vectors_and_qe_expands_queries(tree: Path, que
     assert not torch.allclose(expanded, q)
     result = index.search(q, 4, qe=qe)
     scores, ids = chunked_topk(expanded, index.embeddings, 4)
-    assert torch.equal(result.ids, ids) and torch.allclose(result.scores, scores, atol=1e-6)
+    assert torch.equal(result.rows, ids) and torch.allclose(result.scores, scores, atol=1e-6)
     index.save(tmp_path / "idx")
     assert Index.load(tmp_path / "idx").info["dba"] == {"k": 2, "alpha": 3.0}
 
@@ -142,7 +142,7 @@ def test_embed_writes_the_fingerprint_an_index_of_its_vectors_needs(tree: Path, 
     paths = (tmp_path / "E.paths.txt").read_text().splitlines()
     index = Index.from_embeddings(np.load(out), paths=paths, fingerprint=info["fingerprint"], progress=False)
     result = index.search(queries, 3, checkpoint=checkpoint)  # image queries pass the fingerprint check
-    assert result.ids.shape == (3, 3) and result.paths[0][0] in paths
+    assert result.rows.shape == (3, 3) and result.paths[0][0] in paths
     # another image size makes other embeddings: another fingerprint, refused by the index
     assert main(["embed", str(checkpoint), "--images", str(tree), "--image-size", "48", "--out",
                  str(tmp_path / "F.npy"), "--no-progress"]) == 0

@@ -12,7 +12,7 @@ import importlib
 import sys
 from collections.abc import Sequence
 
-SUBCOMMAND_MODULES = ("train", "convert", "evaluate", "embed", "evaluate_embeddings", "datasets", "compare", "report", "benchmark", "study", "whiten", "index", "search")
+SUBCOMMAND_MODULES = ("train", "convert", "evaluate", "embed", "evaluate_embeddings", "datasets", "compare", "report", "benchmark", "study", "whiten", "index", "index_change", "index_transfer", "search", "calibrate", "serve", "export")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -41,7 +41,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return int(args.func(args) or 0)
     except (ValueError, FileNotFoundError, NotADirectoryError, IsADirectoryError, KeyError, TypeError,
-            FloatingPointError) as err:
+            FloatingPointError, ImportError) as err:  # ImportError: an optional extra is missing (its install hint)
         # Bad input: a clear one-line error, no traceback. RANKOPT_DEBUG=1 shows it.
         import os
 

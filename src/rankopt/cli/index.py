@@ -1,10 +1,13 @@
-"""``rankopt index CHECKPOINT (--images DIR | --dataset NAME --root ROOT [--split S]) --out INDEX_DIR``.
+"""``rankopt index (CHECKPOINT | --onnx MODEL.onnx) (--images DIR | --dataset NAME --root ROOT [--split S]) --out INDEX_DIR``.
 
-Embeds a gallery with a checkpoint and saves a searchable index folder (``rankopt.search.Index``):
-exact search by default, ``--faiss SPEC`` (a faiss factory string such as ``IVF4096,PQ64`` or
-``HNSW32``) for large galleries, its recall@10 against exact search measured and stored.
+Embeds a gallery with a checkpoint (or its ONNX export, run by onnxruntime) and saves a searchable index
+folder (``rankopt.search.Index``): exact search by default, ``--faiss SPEC`` (a faiss factory string such as
+``IVF4096,PQ64`` or ``HNSW32``) for large galleries, its recall@10 against exact search measured and stored.
 ``--multiscale``/``--whiten`` join the index's embedding pipeline (applied to queries too);
-``--dba K`` augments the indexed vectors with their neighbours.
+``--dba K`` augments the indexed vectors with their neighbours. ``--metadata FILE.csv|.parquet`` (a ``path``
+column) adds metadata columns keyed by image path, besides a CSV dataset's own extra columns (its ``id``
+column gives the item ids). Change an index with ``index-add``/``index-remove``/``index-update``
+(``rankopt.cli.index_change``), export it with ``index-export``/``index-import``.
 """
 
 from __future__ import annotations
@@ -12,6 +15,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from rankopt.cli._model import add_model_arguments
 from rankopt.cli._postprocess import add_postprocess_arguments
 
 
@@ -20,12 +24,8 @@ def register(subparsers: Any) -> None:
         "index", help="embed a gallery with a checkpoint and save a searchable index",
         description="Embed every image under --images DIR (labelled by class folders when DIR is a class tree) "
                     "or a dataset split with a checkpoint, and save the index folder for `rankopt search`.")
-    parser.add_argument("checkpoint", help="a rankopt checkpoint (e.g. RUN/checkpoints/best.ckpt)")
-    source = parser.add_mutually_exclusive_group(required=True)
-    source.add_argument("--images", metavar="DIR", help="index every image under DIR")
-    source.add_argument("--dataset", metavar="NAME", help="index a dataset split (with --root)")
-    parser.add_argument("--root", metavar="ROOT", help="the dataset's folder")
-    parser.add_argument("--split", metavar="S", help="dataset split (default: its first evaluation split)")
+    add_model_arguments(parser)
+    add_source_arguments(parser, "index")
     parser.add_argument("--out", required=True, metavar="INDEX_DIR", help="index folder to write (replaced atomically)")
     parser.add_argument("--similarity", choices=("cosine", "dot", "neg_l2"), default="cosine",
                         help="similarity of the search (default: cosine)")
@@ -40,29 +40,46 @@ def register(subparsers: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from rankopt.cli._model import embedder_from_args
     from rankopt.cli._postprocess import postprocessing_from_args
-    from rankopt.search import Embedder, Index
+    from rankopt.search import Index
     from rankopt.search.storage import check_target
 
-    if args.images is not None and (args.root is not None or args.split is not None):
-        raise ValueError("--root/--split go with --dataset, not --images")
     check_target(args.out)  # before the embedding: a user's folder is never overwritten
-    if args.images is not None:
-        gallery: Any = args.images
-    else:
-        from rankopt.data import build_dataset, evaluation_splits
-
-        split = args.split or next(iter(evaluation_splits(args.dataset, args.root)), "train")
-        gallery = build_dataset(args.dataset, args.root, split)
-    embedder = Embedder.from_checkpoint(args.checkpoint, device=args.device, batch_size=args.batch_size,
-                                        num_workers=args.num_workers, progress=not args.no_progress)
+    gallery = source_from_args(args)
+    embedder = embedder_from_args(args, device=args.device, batch_size=args.batch_size, num_workers=args.num_workers,
+                                  progress=not args.no_progress)
     post = postprocessing_from_args(args, embedder.fingerprint)
     index = Index.build(embedder, gallery, similarity=args.similarity, postprocessing=post, faiss=args.faiss,
-                        faiss_params=args.faiss_params, progress=not args.no_progress)
+                        faiss_params=args.faiss_params, metadata=args.metadata, progress=not args.no_progress)
     folder = index.save(args.out)
     print(summary(index))
     print(f"saved {folder}")
     return 0
+
+
+def add_source_arguments(parser: argparse.ArgumentParser, verb: str, *, metadata: bool = True) -> None:
+    """``--images DIR | --dataset NAME [--root ROOT] [--split S]`` (one required) and ``--metadata FILE``."""
+    source = parser.add_mutually_exclusive_group(required=True)
+    source.add_argument("--images", metavar="DIR", help=f"{verb} every image under DIR")
+    source.add_argument("--dataset", metavar="NAME", help=f"{verb} a dataset split (with --root)")
+    parser.add_argument("--root", metavar="ROOT", help="the dataset's folder (or file)")
+    parser.add_argument("--split", metavar="S", help="dataset split (default: its first evaluation split)")
+    if metadata:
+        parser.add_argument("--metadata", metavar="FILE", help="metadata columns keyed by image path: a .csv or "
+                            ".parquet file with a 'path' column (relative paths: to the file's folder)")
+
+
+def source_from_args(args: argparse.Namespace) -> Any:
+    """The images of ``--images`` (one folder: a class tree) or the dataset split of ``--dataset``."""
+    if args.images is not None:
+        if args.root is not None or args.split is not None:
+            raise ValueError("--root/--split go with --dataset, not --images")
+        return args.images
+    from rankopt.data import build_dataset, evaluation_splits
+
+    split = args.split or next(iter(evaluation_splits(args.dataset, args.root)), "train")
+    return build_dataset(args.dataset, args.root, split)
 
 
 def summary(index: Any) -> str:
@@ -83,5 +100,10 @@ def summary(index: Any) -> str:
     if index.info.get("dba"):
         steps.append(f"DBA k={index.info['dba']['k']} alpha={index.info['dba']['alpha']}")
     pipeline = f", {', '.join(steps)}" if steps else ""
+    extras = ""
+    if index.metadata:
+        extras += f", metadata {', '.join(sorted(index.metadata))}"
+    if index.threshold is not None:
+        extras += f", threshold {index.threshold['value']:.6f} (FMR {index.threshold['fmr']:g})"
     return (f"{len(index)} items ({labels}), {index.dim}-d {index.similarity}{pipeline}, "
-            f"fingerprint {index.fingerprint}, {backend}")
+            f"fingerprint {index.fingerprint}, {backend}{extras}")

@@ -2,9 +2,12 @@
 
 A QUERY is an image file or a folder of images (recursively). Queries are embedded with the
 index's checkpoint (or ``--checkpoint``, whose fingerprint must equal the index's) through the
-index's embedding pipeline (multi-scale, whitening); ``--qe K [--qe-alpha A]`` expands each query
-with its top K items (αQE) first. Prints each query's top-k, ``--json`` writes one record per
-query, ``--html`` the results page.
+index's embedding pipeline (multi-scale, whitening; ``--onnx MODEL.onnx``: its ONNX export); ``--qe K [--qe-alpha A]`` expands each query
+with its top K items (αQE) first. ``--filter KEY=VALUE`` / ``--filter "KEY in [A, B]"`` (repeatable,
+ANDed) searches only the items whose metadata matches (``label``: the finest class), exactly. Prints
+each query's top-k (item id, and "no match" below the index's calibrated threshold: ``rankopt
+calibrate``), ``--json`` writes one record per query (``"match"`` per result when calibrated),
+``--html`` the results page.
 """
 
 from __future__ import annotations
@@ -12,6 +15,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from rankopt.cli._model import add_index_argument, add_index_model_options, index_embedder
 from rankopt.cli._postprocess import add_postprocess_arguments
 
 
@@ -19,15 +23,14 @@ def register(subparsers: Any) -> None:
     parser = subparsers.add_parser(
         "search", help="search an index (rankopt index) with query images",
         description="Embed query images with the index's model and print each query's top-k items.")
-    parser.add_argument("index", metavar="INDEX_DIR", help="an index folder written by `rankopt index`")
+    add_index_argument(parser)
     parser.add_argument("queries", nargs="+", metavar="QUERY", help="image files or folders of images")
     parser.add_argument("--top-k", type=int, default=10, metavar="K", help="results per query (10)")
+    parser.add_argument("--filter", action="append", metavar="COND",
+                        help="KEY=VALUE or 'KEY in [A, B]' on the items' metadata (or label); repeatable, ANDed")
     parser.add_argument("--json", metavar="OUT", help="write one record per query as JSON")
     parser.add_argument("--html", metavar="OUT", help="write the results page (thumbnails in OUT_files/)")
-    parser.add_argument("--checkpoint", metavar="CKPT", help="the model (default: the index's checkpoint)")
-    parser.add_argument("--batch-size", type=int, default=256, metavar="B", help="embedding batch size (256)")
-    parser.add_argument("--device", default="auto", help="cpu, cuda, cuda:1, ... (default: auto)")
-    parser.add_argument("--no-progress", action="store_true", help="hide progress bars")
+    add_index_model_options(parser)
     add_postprocess_arguments(parser, query_side=True, gallery_side=False, embedding_side=False)
     parser.set_defaults(func=run)
 
@@ -39,18 +42,12 @@ def run(args: argparse.Namespace) -> int:
     from rankopt.cli._postprocess import expansion_from_args
     from rankopt.cli.index import summary
     from rankopt.files import write_text_atomic
-    from rankopt.search import Embedder, Index
+    from rankopt.search import Index
 
     index = Index.load(args.index)
-    checkpoint = args.checkpoint or index.info.get("checkpoint")
-    if checkpoint is None:
-        raise ValueError(f"the index {args.index} records no checkpoint: pass --checkpoint")
-    if not Path(checkpoint).is_file():
-        raise FileNotFoundError(f"checkpoint {checkpoint!r} does not exist"
-                                + ("" if args.checkpoint else " (the index's): pass --checkpoint"))
-    embedder = Embedder.from_checkpoint(checkpoint, device=args.device, batch_size=args.batch_size,
-                                        progress=not args.no_progress)
-    result = index.search(args.queries, args.top_k, model=embedder, qe=expansion_from_args(args, "qe"))
+    embedder = index_embedder(index, args)
+    result = index.search(args.queries, args.top_k, filter=args.filter, model=embedder,
+                          qe=expansion_from_args(args, "qe"))
     print(f"index {args.index}: {summary(index)}")
     if result.note:
         print(result.note)
@@ -63,17 +60,19 @@ def run(args: argparse.Namespace) -> int:
         from rankopt.search.page import write_results_page
 
         details = [("index", str(Path(args.index).resolve())), ("items", len(index)),
-                   ("fingerprint", index.fingerprint), ("search", index.backend), ("checkpoint", checkpoint)]
+                   ("fingerprint", index.fingerprint), ("search", index.backend), ("model", embedder.checkpoint)]
         page = write_results_page(result, args.html, details=details)
         print(f"wrote {page}")
     return 0
 
 
 def format_record(record: dict[str, Any]) -> str:
-    """A query's results as a small table: rank, score, label, path."""
+    """A query's results as a small table: rank, score (and "no match" below the threshold), id, label, path."""
     label = f" (label {record['query_label']})" if "query_label" in record else ""
-    lines = [f"\nquery {record['query']}{label}", f"{'rank':>4}  {'score':>8}  {'label':<16}  path"]
+    lines = [f"\nquery {record['query']}{label}", f"{'rank':>4}  {'score':>8}  {'':<8}  {'id':<8}  {'label':<16}  path"]
     for r in record["results"]:
         text = "-" if r["label"] is None else str(r["label"])
-        lines.append(f"{r['rank']:>4}  {r['score']:>8.4f}  {text:<16}  {r['path'] if r['path'] is not None else r['id']}")
+        match = "no match" if r.get("match") is False else ""
+        lines.append(f"{r['rank']:>4}  {r['score']:>8.4f}  {match:<8}  {r['id']:<8}  {text:<16}  "
+                     f"{r['path'] if r['path'] is not None else '-'}")
     return "\n".join(lines)

@@ -1,7 +1,7 @@
 """``csv``: images listed in a CSV table (``data.name=csv data.root=FILE.csv``), in the dataframe
 format of open-metric-learning (OML), so that OML users' files work unchanged.
 
-Columns (a header row; any order; other columns are ignored):
+Columns (a header row; any order; other columns are kept per item, see below):
 
 - ``label``: the finest class, an integer or a name (``3.0`` is read as 3; ``1.5``, empty or
   NaN is an error naming the row);
@@ -21,8 +21,9 @@ Columns (a header row; any order; other columns are ignored):
   of the queries (each query still retrieving from the whole gallery, as in OML).
 
 Per item, the datasets' ``metadata["sequence"]`` and ``metadata["category"]`` hold these columns as
-strings (``""``: empty), when the file has them; they follow the items through skipped files and
-carved splits (``Items.per_item``).
+strings (``""``: empty), when the file has them, and ``metadata["column/NAME"]`` every other column
+``NAME`` as its raw text (e.g. an ``id`` column, or a search index's metadata: ``rankopt index``); they follow
+the items through skipped files and carved splits (``Items.per_item``).
 
 Splits: the rows of ``train``, ``validation`` and ``test``; with ``is_query``/``is_gallery``,
 ``query`` and ``gallery`` are the rows of the evaluation split (``test`` if the file has test rows,
@@ -62,6 +63,8 @@ SPLITS = ("train", "validation", "test")
 FLAGS = ("is_query", "is_gallery")
 BOX = ("x_1", "y_1", "x_2", "y_2")
 ITEM_COLUMNS = ("sequence", "category")  # kept per item in the datasets' metadata
+OTHER_COLUMN = "column/"
+"""Prefix of the per-item metadata keys of the file's other columns (raw text)."""
 _TRUE, _FALSE, _EMPTY = {"true", "1", "1.0", "yes"}, {"false", "0", "0.0", "no"}, {"", "none", "nan", "null"}
 
 
@@ -137,6 +140,8 @@ class Table:
     boxes: list[tuple[float, float, float, float] | None] = field(default_factory=list)
     extras: dict[str, list[str]] = field(default_factory=dict)
     """The optional per-item columns present in the file (:data:`ITEM_COLUMNS`): one string per row, ``""`` when empty."""
+    others: dict[str, list[str]] = field(default_factory=dict)
+    """The file's other columns (none of the above): each row's raw text, stripped."""
     problems: list[str] = field(default_factory=list)
     """Problems left unraised by ``read_table(..., keep_going=True)``."""
 
@@ -194,6 +199,8 @@ def read_table(
         table = Table(file, level_names, bool(flags))
         has_box = all(c in header for c in BOX)
         table.extras = {c: [] for c in ITEM_COLUMNS if c in header}
+        used = {"path", "split", *level_names, *FLAGS, *BOX, *ITEM_COLUMNS}
+        table.others = {c: [] for c in header if c and c not in used}
         problems: list[str] = []
         seen: dict[str, int] = {}
         for row in reader:
@@ -226,6 +233,8 @@ def read_table(
             table.boxes.append(box)
             for column, value in extras.items():
                 table.extras[column].append(value)
+            for column, values in table.others.items():
+                values.append(get.get(column, ""))
     if not table.paths and not problems:
         problems.append(f"{file}: no rows")
     table.labels = _unify(table.labels)
@@ -271,6 +280,7 @@ def load_csv(root: Path | None, split: str, **kwargs: Any) -> Items:
     if both:
         extra["query"]["gallery_contains_queries"] = True
     per_item = {column: np.asarray(values, dtype=str)[origin] for column, values in table.extras.items()}
+    per_item |= {OTHER_COLUMN + column: np.asarray(values, dtype=str)[origin] for column, values in table.others.items()}
     return Items.from_rows(rows, table.level_names, boxes=boxes, extra=extra, per_item=per_item)
 
 

@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 from rankopt.losses.base import RankLoss, RetrievalSet, rowwise_with_gradient
 from rankopt.losses.registry import LOSSES
 
 REDUCTIONS = ("per_query", "violating_pairs")
+METHODS = ("auto", "compiled", "torch")
+"""How ``per_query`` runs: ``"compiled"`` (CPU: one numba pass over the scores forward, one backward),
+``"torch"`` (chunked tensor expressions, any device: the reference) or ``"auto"`` (compiled on CPU)."""
 CHUNK_ELEMENTS = 1 << 18
 """Scores per chunk of the per-query hinges (rows of ``M``): their temporaries stay in cache."""
 
@@ -26,13 +30,18 @@ class CalibrationLoss(RankLoss):
     Label column 0. ``per_query`` is evaluated in chunks of rows and its gradient (``-1/|P_i|`` or ``1/|N_i|``
     where a hinge is active) written chunk by chunk in the backward
     (:func:`~rankopt.losses.base.rowwise_with_gradient`): no ``(B, M)`` temporary besides the gradient itself.
+    On CPU (``method``, :data:`METHODS`) compiled kernels do each direction in one pass instead
+    (:mod:`rankopt.losses._calibration_kernels`), the hinge a small fraction of the score matrix's cost.
     """
 
-    def __init__(self, *, alpha: float = 0.9, beta: float = 0.6, reduction: str = "per_query", **kwargs) -> None:
+    def __init__(self, *, alpha: float = 0.9, beta: float = 0.6, reduction: str = "per_query", method: str = "auto",
+                 **kwargs) -> None:
         super().__init__(**kwargs)
         if reduction not in REDUCTIONS:
             raise ValueError(f"unknown reduction {reduction!r}; use one of {', '.join(REDUCTIONS)}")
-        self.alpha, self.beta, self.reduction = float(alpha), float(beta), reduction
+        if method not in METHODS:
+            raise ValueError(f"unknown method {method!r}; use one of {', '.join(METHODS)}")
+        self.alpha, self.beta, self.reduction, self.method = float(alpha), float(beta), reduction, method
 
     def compute(self, batch: RetrievalSet) -> torch.Tensor:
         if self.reduction == "violating_pairs":
@@ -41,10 +50,16 @@ class CalibrationLoss(RankLoss):
             neg_loss = torch.relu(batch.scores - self.beta) * ((batch.levels == 0) & batch.valid)
             self.last_num_queries_without_positive = int((pos.sum(1) == 0).sum())
             return _mean_nonzero(pos_loss) + _mean_nonzero(neg_loss)
-        rows = max(1, min(self.max_elements, CHUNK_ELEMENTS) // max(1, batch.scores.shape[1]))
         num_pos = batch.num_positives
         counts = torch.stack([num_pos, batch.num_members - num_pos], dim=1).clamp(min=1).to(batch.scores.dtype)
-        per_query = rowwise_with_gradient(self._hinges, batch.scores, batch.levels, batch.valid, counts, rows=rows)
+        compiled = batch.scores.device.type == "cpu"
+        if self.method == "compiled" and not compiled:
+            raise ValueError(f"method='compiled' needs CPU scores, got {batch.scores.device}")
+        if compiled and self.method != "torch":
+            per_query = _CompiledHinges.apply(batch.scores, batch.levels, batch.valid, counts, self.alpha, self.beta)
+        else:
+            rows = max(1, min(self.max_elements, CHUNK_ELEMENTS) // max(1, batch.scores.shape[1]))
+            per_query = rowwise_with_gradient(self._hinges, batch.scores, batch.levels, batch.valid, counts, rows=rows)
         return self.average_over_queries(per_query, num_pos > 0)
 
     def _hinges(self, scores: torch.Tensor, levels: torch.Tensor, valid: torch.Tensor, counts: torch.Tensor, gradient: bool) -> torch.Tensor:
@@ -62,7 +77,42 @@ class CalibrationLoss(RankLoss):
         return (below.sum(1, keepdim=True) / num_pos + above.sum(1, keepdim=True) / num_neg).squeeze(1)
 
     def extra_repr(self) -> str:
-        return f"alpha={self.alpha}, beta={self.beta}, reduction={self.reduction!r}, " + super().extra_repr()
+        return (f"alpha={self.alpha}, beta={self.beta}, reduction={self.reduction!r}, method={self.method!r}, "
+                + super().extra_repr())
+
+
+class _CompiledHinges(torch.autograd.Function):
+    """Per-query ``L_calibr`` of CPU scores by the compiled kernels: the sums forward; backward
+    ``grad_out_i * (-1/|P_i| [s_ij < alpha] on P_i, 1/|N_i| [s_ij > beta] on N_i)`` written in one pass."""
+
+    @staticmethod
+    def forward(ctx, scores: torch.Tensor, levels: torch.Tensor, valid: torch.Tensor, counts: torch.Tensor,  # type: ignore[override]
+                alpha: float, beta: float) -> torch.Tensor:
+        from rankopt.losses import _calibration_kernels as kernels  # noqa: PLC0415 - numba, compiled on first use
+
+        data = [t.detach().contiguous() for t in (scores, levels, valid)]
+        ctx.save_for_backward(*data, counts)
+        ctx.bounds = _bounds(scores.dtype, alpha, beta)
+        sums = torch.empty(scores.shape[0], 2, dtype=torch.float64)
+        kernels.hinge_sums(*(t.numpy() for t in data), *ctx.bounds, sums.numpy())
+        return (sums.to(counts.dtype) / counts).sum(1)
+
+    @staticmethod
+    def backward(ctx, grad_out: torch.Tensor):  # type: ignore[override]
+        from rankopt.losses import _calibration_kernels as kernels  # noqa: PLC0415
+
+        scores, levels, valid, counts = ctx.saved_tensors
+        weights = (grad_out.unsqueeze(1) / counts).contiguous()
+        grad = torch.empty_like(scores)
+        kernels.hinge_gradient(scores.numpy(), levels.numpy(), valid.numpy(), *ctx.bounds,
+                               weights[:, 0].contiguous().numpy(), weights[:, 1].contiguous().numpy(), grad.numpy())
+        return grad, None, None, None, None, None
+
+
+def _bounds(dtype: torch.dtype, alpha: float, beta: float) -> tuple[np.floating, np.floating]:
+    """``alpha`` and ``beta`` in the scores' precision, so comparisons at the bounds are the torch path's."""
+    kind = np.float32 if dtype == torch.float32 else np.float64
+    return kind(alpha), kind(beta)
 
 
 def _mean_nonzero(values: torch.Tensor) -> torch.Tensor:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -76,10 +77,41 @@ def far_key(far: float) -> str:
     return "tar@far=" + np.format_float_scientific(far, trim="-", exp_digits=2)
 
 
+@dataclass(frozen=True)
+class OperatingPoint:
+    """The operating point chosen for a ``target`` FAR: the lowest ``threshold`` whose ``far`` (FAR) does not
+    exceed the target, with its ``tar`` (TAR); ``measurable`` is False when there are fewer than ``1 / target``
+    impostor pairs (no accepted impostor can keep FAR <= target)."""
+
+    target: float
+    threshold: float
+    far: float
+    tar: float
+    measurable: bool
+
+
+def operating_points(scores: ArrayLike, labels: ArrayLike, fars: Sequence[float] = DEFAULT_FARS) -> list[OperatingPoint]:
+    """One :class:`OperatingPoint` per target FAR: ``t* = min {t : FAR(t) <= far}`` over the ROC thresholds
+    (:func:`roc_points`: ``+inf``, then every distinct score), ``TAR(t*) = max {TAR(t) : FAR(t) <= far}``
+    (never interpolated; the achievable FARs are multiples of ``1 / #impostors``, fewer with ties).
+    ``t* = +inf`` (TAR 0) when even the top score group holds too many impostors."""
+    s, genuine = _pairs(scores, labels)
+    far, tar, thresholds = _roc(s, genuine)
+    num_impostors = int((~genuine).sum())
+    out = []
+    for target in fars:
+        if not 0.0 < target <= 1.0:
+            raise ValueError(f"fars: {target!r} is not a false accept rate in (0, 1]")
+        # far is non-decreasing with far[0] = 0: the last point with far <= target has the lowest threshold
+        point = int(np.searchsorted(far, target, side="right")) - 1
+        out.append(OperatingPoint(float(target), float(thresholds[point]), float(far[point]), float(tar[point]),
+                                  num_impostors * target >= 1.0 - 1e-9))
+    return out
+
+
 def tar_at_far(scores: ArrayLike, labels: ArrayLike, fars: Sequence[float] = DEFAULT_FARS) -> dict[str, float]:
     """TAR at each target FAR, keyed by :func:`far_key`: ``max {TAR(t) : FAR(t) <= far}``, i.e. TAR at the
-    lowest threshold whose FAR does not exceed the target (never interpolated; the achievable FARs
-    are multiples of ``1 / #impostors``, fewer with ties).
+    lowest threshold whose FAR does not exceed the target (:func:`operating_points`).
 
     The thresholds include ``+inf`` (:func:`roc_points`), so when even the top score group holds too
     many impostors the value is 0.0, a real operating point. The value is NaN when the target is not
@@ -87,17 +119,7 @@ def tar_at_far(scores: ArrayLike, labels: ArrayLike, fars: Sequence[float] = DEF
     Unlike insightface's table (the ROC point whose FAR is nearest the target, possibly above it),
     the FAR here never exceeds the target.
     """
-    s, genuine = _pairs(scores, labels)
-    far, tar, _ = _roc(s, genuine)
-    num_impostors = int((~genuine).sum())
-    out = {}
-    for target in fars:
-        if not 0.0 < target <= 1.0:
-            raise ValueError(f"fars: {target!r} is not a false accept rate in (0, 1]")
-        measurable = num_impostors * target >= 1.0 - 1e-9  # at least one impostor may be accepted
-        # far is non-decreasing with far[0] = 0: the last point with far <= target has the highest TAR
-        out[far_key(target)] = float(tar[np.searchsorted(far, target, side="right") - 1]) if measurable else math.nan
-    return out
+    return {far_key(p.target): p.tar if p.measurable else math.nan for p in operating_points(scores, labels, fars)}
 
 
 def _ids(values: ArrayLike, name: str, shape: tuple[int | None, ...]) -> torch.Tensor:
@@ -218,11 +240,10 @@ def parse_far_keys(names: Sequence[str]) -> tuple[list[str], list[float]]:
     return others, fars
 
 
-def all_pairs_tar_at_far(embeddings: torch.Tensor, labels: ArrayLike, fars: Sequence[float] = DEFAULT_FARS,
-                         similarity: str = "cosine") -> dict[str, float]:
-    """Verification on every pair of a labelled set (open-set faces without a pairs file, as LFW-style
-    protocols over all pairs): the ``N (N - 1) / 2`` pairs ``i < j`` are genuine when their finest labels
-    (column 0) are equal, else impostors; :func:`tar_at_far` of their scores (``rankopt.similarity.pairwise``)."""
+def all_pairs_scores(embeddings: torch.Tensor, labels: ArrayLike, similarity: str = "cosine") -> tuple[np.ndarray, np.ndarray]:
+    """``(scores (P,) float64, genuine (P,) int64)`` of the ``P = N (N - 1) / 2`` pairs ``i < j`` of a labelled set
+    (row-major order), genuine (1) when their finest labels (column 0) are equal, else impostors (0); scores by
+    ``rankopt.similarity.pairwise``, at most :data:`MAX_ALL_PAIRS` pairs."""
     from rankopt.similarity import pairwise
 
     if similarity not in SIMILARITIES:
@@ -243,4 +264,11 @@ def all_pairs_tar_at_far(embeddings: torch.Tensor, labels: ArrayLike, fars: Sequ
             i = start + offset
             scores.append(row[i + 1:])
             genuine.append(y[i + 1:] == y[i])
-    return tar_at_far(np.concatenate(scores), np.concatenate(genuine).astype(np.int64), fars)
+    return np.concatenate(scores or [np.empty(0)]), np.concatenate(genuine or [np.empty(0, bool)]).astype(np.int64)
+
+
+def all_pairs_tar_at_far(embeddings: torch.Tensor, labels: ArrayLike, fars: Sequence[float] = DEFAULT_FARS,
+                         similarity: str = "cosine") -> dict[str, float]:
+    """Verification on every pair of a labelled set (open-set faces without a pairs file, as LFW-style
+    protocols over all pairs): :func:`tar_at_far` of :func:`all_pairs_scores`."""
+    return tar_at_far(*all_pairs_scores(embeddings, labels, similarity), fars)

@@ -1,15 +1,19 @@
-"""Search a gallery with a trained model: ``Index.build`` / ``search`` / ``add`` / ``save`` / ``load``.
+"""Search a gallery with a trained model: ``Index.build`` / ``search`` / ``add`` / ``remove`` / ``update`` /
+``save`` / ``load``.
 
     from rankopt.search import Index
     index = Index.build("run/checkpoints/best.ckpt", "photos/")        # embeds every image
-    result = index.search(["query.jpg"], k=10)                         # embedded by the same model
+    result = index.search(["query.jpg"], k=10, filter="place=Paris")   # embedded by the same model
     index.save("photos.index"); Index.load("photos.index")
+    with Index.editing("photos.index") as index:                       # locked, saved atomically
+        index.remove(ids=["12"])
 
 Exact search by default; ``faiss="IVF4096,PQ64"`` (any faiss factory string) for large galleries.
 Queries embedded by another model or preprocessing (another fingerprint) are refused.
 """
 
 from rankopt.search.embedder import Embedder
-from rankopt.search.index import Index, SearchResult
+from rankopt.search.index import Index
+from rankopt.search.result import SearchResult
 
 __all__ = ["Embedder", "Index", "SearchResult"]

@@ -77,6 +77,16 @@ def add(index: Any, vectors: torch.Tensor, similarity: str, *, show_progress: bo
         index.add(faiss_input(vectors[start : start + ADD_BATCH], similarity))
 
 
+def rebuilt(index: Any, vectors: torch.Tensor, similarity: str, params: str | None = None) -> Any:
+    """A copy of ``index`` holding ``vectors`` alone, its training kept (IVF centroids, PQ codebooks): after
+    items are removed or re-embedded, faiss's ids are the index's rows again."""
+    new = import_faiss().clone_index(index)
+    new.reset()
+    set_params(new, params)
+    add(new, vectors, similarity, show_progress=False)
+    return new
+
+
 def search(index: Any, queries: torch.Tensor, k: int, similarity: str) -> tuple[torch.Tensor, torch.Tensor]:
     """``(scores, ids)`` ``(Q, k)``, rows by decreasing score; ``id = -1`` (score ``-inf``) where the index
     returned fewer than ``k`` results (an IVF probing too few lists)."""

@@ -5,7 +5,8 @@ with, and ``preprocessing``: the JSON-able settings besides the weights that sha
 (test transform preset and image size, and with :meth:`Embedder.with_postprocessing` the
 multi-scale scales and the whitening of :mod:`rankopt.postprocess`).
 ``fingerprint = rankopt.models.fingerprint.model_fingerprint(model, preprocessing)``, so two
-embedders give comparable embeddings only when their fingerprints are equal.
+embedders give comparable embeddings only when their fingerprints are equal. An ONNX export
+(:meth:`Embedder.from_onnx`, run by onnxruntime) carries its checkpoint's fingerprint and preprocessing.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from rankopt.engine.assembly import (
 )
 from rankopt.engine.evaluation import EmbeddedSplit, embed_dataset
 from rankopt.engine.run_folder import model_info
+from rankopt.export.runtime import OnnxNet
 from rankopt.models.fingerprint import model_fingerprint
 from rankopt.postprocess import MULTISCALE_KEY, WHITENING_KEY, PostProcessing
 
@@ -65,16 +67,36 @@ class Embedder:
     fingerprint: str = field(init=False)
 
     def __post_init__(self) -> None:
-        self.fingerprint = model_fingerprint(self.model, self.preprocessing)
+        if not isinstance(self.model, OnnxNet):
+            self.fingerprint = model_fingerprint(self.model, self.preprocessing)
+            return
+        if self.preprocessing != self.model.preprocessing:  # e.g. multi-scale or whitening added
+            raise ValueError(f"the ONNX model {self.model.path.name} embeds with its fixed preprocessing "
+                             f"{self.model.preprocessing}, not {self.preprocessing}: multi-scale embedding and "
+                             "whitening need the PyTorch checkpoint")
+        self.fingerprint = self.model.fingerprint
 
     @classmethod
     def from_checkpoint(cls, path: str | os.PathLike[str], *, device: str = "auto", **options: Any) -> Embedder:
-        """The checkpoint's model with its config's test transform and image size."""
+        """The checkpoint's model with its config's test transform and image size; an ``.onnx`` file
+        (``rankopt export``) is run by onnxruntime (:meth:`from_onnx`)."""
+        if Path(path).suffix.lower() == ".onnx":
+            return cls.from_onnx(path, device=device, **options)
         resolved = resolve_device(device)
         model, cfg = model_from_checkpoint(path, resolved)
         preprocessing = inference_preprocessing(cfg)
         return cls(model, transform_from_preprocessing(preprocessing), preprocessing, resolved,
                    checkpoint=str(Path(path).resolve()), summary=model_info(model, cfg.model.backbone), **options)
+
+    @classmethod
+    def from_onnx(cls, path: str | os.PathLike[str], *, device: str = "auto", threads: int | None = None,
+                  **options: Any) -> Embedder:
+        """An ONNX model exported by ``rankopt export`` (:class:`rankopt.export.runtime.OnnxNet`, onnxruntime with
+        ``threads`` intra-op threads on ``device``), with the test transform and the fingerprint stored in it:
+        those of its checkpoint, so their embeddings are interchangeable."""
+        net = OnnxNet(path, device=device, threads=threads)
+        return cls(net, transform_from_preprocessing(net.preprocessing), net.preprocessing, torch.device("cpu"),
+                   checkpoint=str(Path(path).resolve()), summary=net.summary, **options)
 
     @classmethod
     def from_model(cls, model: nn.Module, *, transform: Callable[..., torch.Tensor] | None = None,

@@ -1,4 +1,4 @@
-"""A searchable gallery of embeddings made by one model: build, search, add, save, load.
+"""A searchable gallery of embeddings made by one model: build, search, add, remove, update, save, load.
 
 Exact search by default (:func:`rankopt.metrics.search.chunked_topk`: chunked matrix products,
 bounded memory, CPU or CUDA); faiss indexes for large galleries from faiss's factory strings
@@ -10,16 +10,23 @@ The landmark toolbox (:mod:`rankopt.postprocess`) joins in: multi-scale embeddin
 are part of the index's embedding pipeline (and fingerprint) and are applied to image queries
 too; database-side augmentation (DBA) rewrites the indexed vectors when the index is built; αQE
 expands the queries at search time (``search(..., qe=Expansion(k, alpha))``).
+
+Items keep stable string ids through every change (:mod:`rankopt.search.items`), carry metadata
+columns that results return and filters select on (:mod:`rankopt.search.metadata`; a filtered search
+is exact, over the items the filter keeps, whatever the backend), and a calibrated ``threshold``
+(:mod:`rankopt.search.threshold`) marks each result as a match (``score >= threshold``) or not.
+Saving is atomic (:mod:`rankopt.search.storage`); :meth:`Index.editing` loads, changes and saves a
+folder under its writers' lock.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Iterator, Mapping, Sequence
 from datetime import datetime, timezone
-from pathlib import Path, PurePath
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -27,74 +34,31 @@ import torch
 from torch import nn
 
 from rankopt import checks
-from rankopt.data.base import RetrievalDataset
 from rankopt.engine.logging import echo
 from rankopt.metrics.search import chunked_topk
 from rankopt.postprocess import MULTISCALE_KEY, Expansion, PostProcessing, alpha_query_expansion, database_augmentation
 from rankopt.search import approximate, storage
 from rankopt.search.embedder import Embedder, ImageSource, as_dataset, base_preprocessing
+from rankopt.search.items import Items, changed_files, crop_dataset, dataset_items
+from rankopt.search.labels import (default_level_names, dataset_label_names, label_texts, labels_of_paths,
+                                   merge_labels)
+from rankopt.search.metadata import LABEL_KEY, Columns, Filter, MetadataSource, aligned_columns, filter_mask
+from rankopt.search.result import LabelNames, SearchResult
 from rankopt.similarity import SIMILARITIES
 
 Embeddings = torch.Tensor | np.ndarray
-LabelNames = list[list[str]]
-"""``names[c][i]``: the name of label id ``i`` at level ``c`` (column 0 finest)."""
-
-
-@dataclass
-class SearchResult:
-    """The top-``k`` of each query: ``scores``/``ids`` ``(Q, k)`` by decreasing score (``id = -1``, score
-    ``-inf``: an approximate index found fewer than ``k``), the items' ``paths`` and ``labels`` ``(Q, k, L)``
-    (``-1``: unknown), the queries' paths and labels (``-1``: unknown) when the queries were images."""
-
-    scores: torch.Tensor
-    ids: torch.Tensor
-    paths: list[list[str | None]]
-    labels: torch.Tensor
-    level_names: tuple[str, ...]
-    label_names: LabelNames | None = None
-    query_paths: list[str] | None = None
-    query_labels: torch.Tensor | None = None
-    note: str = ""
-    """Set when ``k`` was capped to the index size."""
-
-    @property
-    def k(self) -> int:
-        return int(self.ids.shape[1])
-
-    def __len__(self) -> int:
-        return int(self.ids.shape[0])
-
-    def label_text(self, label: int, level: int = 0) -> str | int | None:
-        """The name of ``label`` at ``level`` when the index has names, else the id; ``None`` for ``-1``."""
-        if label < 0:
-            return None
-        return self.label_names[level][label] if self.label_names is not None else int(label)
-
-    def records(self) -> list[dict[str, Any]]:
-        """One JSON-able dict per query: ``{"query": path or row, "query_label": ... (when known),
-        "results": [{"rank", "id", "path", "score", "label"}, ...]}`` (labels at the finest level)."""
-        out = []
-        for q in range(len(self)):
-            record: dict[str, Any] = {"query": self.query_paths[q] if self.query_paths is not None else q}
-            if self.query_labels is not None and int(self.query_labels[q, 0]) >= 0:
-                record["query_label"] = self.label_text(int(self.query_labels[q, 0]))
-            record["results"] = [
-                {"rank": rank, "id": item, "path": self.paths[q][rank - 1], "score": float(self.scores[q, rank - 1]),
-                 "label": self.label_text(int(self.labels[q, rank - 1, 0]))}
-                for rank, item in enumerate(self.ids[q].tolist(), start=1) if item >= 0]
-            out.append(record)
-        return out
 
 
 class Index:
-    """Embeddings ``(N, D)`` of a gallery with their labels ``(N, L)`` (``-1``: unknown), paths and the
-    fingerprint of the model that made them; searched exactly, or through a faiss index when built with one.
+    """Embeddings ``(N, D)`` of a gallery with their labels ``(N, L)`` (``-1``: unknown), items (stable ids,
+    paths, metadata: :class:`~rankopt.search.items.Items`) and the fingerprint of the model that made them;
+    searched exactly, or through a faiss index when built with one.
 
-    Build with :meth:`build` (a model and images) or :meth:`from_embeddings`; persist with
-    :meth:`save` / :meth:`load`.
+    Build with :meth:`build` (a model and images) or :meth:`from_embeddings`; change with :meth:`add`,
+    :meth:`remove`, :meth:`update`; persist with :meth:`save` / :meth:`load` (or :meth:`editing`).
     """
 
-    def __init__(self, embeddings: torch.Tensor, labels: torch.Tensor, paths: list[str] | None, *,
+    def __init__(self, embeddings: torch.Tensor, labels: torch.Tensor, items: Items | Sequence[str] | None, *,
                  fingerprint: str, preprocessing: Mapping[str, Any], similarity: str,
                  level_names: Sequence[str] = ("class",), label_names: LabelNames | None = None,
                  faiss_index: Any = None, info: Mapping[str, Any] | None = None, embedder: Embedder | None = None,
@@ -103,7 +67,9 @@ class Index:
             raise ValueError(f"unknown similarity {similarity!r}; use one of {', '.join(SIMILARITIES)}")
         self.embeddings = embeddings
         self.labels = labels
-        self.paths = paths
+        self.items = items if isinstance(items, Items) else Items.new(int(embeddings.shape[0]), items)
+        if len(self.items) != embeddings.shape[0]:
+            raise ValueError(f"{len(self.items)} items for {embeddings.shape[0]} embeddings")
         self.fingerprint = fingerprint
         self.preprocessing = dict(preprocessing)
         self.similarity = similarity
@@ -111,7 +77,8 @@ class Index:
         self.label_names = label_names
         self.faiss_index = faiss_index
         self.info: dict[str, Any] = dict(info or {})
-        """``checkpoint``, ``model`` (summary), ``faiss`` (spec, params, recall), ``dba`` (k, alpha), ``created_utc``."""
+        """``checkpoint``, ``model`` (summary), ``faiss`` (spec, params, recall), ``dba`` (k, alpha), ``created_utc``,
+        ``threshold``, ``version`` (of the folder it was loaded from, :func:`rankopt.search.storage.version`)."""
         self.embedder = embedder
         self.post = post
         """The multi-scale and whitening steps of the embedding pipeline (applied to image queries too)."""
@@ -121,8 +88,8 @@ class Index:
     def build(cls, model_or_checkpoint: nn.Module | Embedder | str | os.PathLike[str], images_or_dataset: ImageSource, *,
               transform: Any = None, preprocessing: Mapping[str, Any] | None = None, similarity: str = "cosine",
               postprocessing: PostProcessing | None = None, faiss: str | None = None,
-              faiss_params: str | None = None, batch_size: int = 256, device: str = "auto", num_workers: int = 0,
-              progress: bool = True) -> Index:
+              faiss_params: str | None = None, metadata: MetadataSource | None = None, batch_size: int = 256,
+              device: str = "auto", num_workers: int = 0, progress: bool = True) -> Index:
         """Embed ``images_or_dataset`` (a dataset, an image folder, or image files/folders) and index them.
 
         ``model_or_checkpoint``: a checkpoint path (model, test transform and ``preprocessing`` from its
@@ -130,7 +97,9 @@ class Index:
         from ``preprocessing``); see :class:`~rankopt.search.embedder.Embedder`. ``faiss``: a faiss
         factory string (exact search when ``None``); ``faiss_params``: e.g. ``"nprobe=32"``.
         ``postprocessing``: multi-scale and whitening join the embedding pipeline (and the fingerprint);
-        DBA rewrites the indexed vectors; αQE belongs to :meth:`search` (``qe=``).
+        DBA rewrites the indexed vectors; αQE belongs to :meth:`search` (``qe=``). ``metadata``: a ``.csv``
+        / ``.parquet`` file or a ``{path: row}`` table keyed by image path, besides a dataset's own columns
+        (a CSV dataset's ``id`` column gives the ids).
         """
         if postprocessing is not None and postprocessing.qe is not None:
             raise ValueError("query expansion applies to queries: pass qe= to Index.search (rankopt search --qe)")
@@ -152,7 +121,8 @@ class Index:
         if postprocessing is not None and postprocessing.dba is not None:
             vectors = database_augmentation(vectors, postprocessing.dba, similarity=similarity)
             info["dba"] = dataclasses.asdict(postprocessing.dba)
-        index = cls(vectors, split.labels, split.paths, fingerprint=embedder.fingerprint,
+        items = Items.new(len(split.paths), split.paths, **dataset_items(dataset, split.paths, metadata))
+        index = cls(vectors, split.labels, items, fingerprint=embedder.fingerprint,
                     preprocessing=embedder.preprocessing, similarity=similarity, level_names=dataset.level_names,
                     label_names=dataset_label_names(dataset), info=info, embedder=embedder, post=embedder.post)
         return index._with_faiss(faiss, faiss_params, progress)
@@ -161,17 +131,23 @@ class Index:
     def from_embeddings(cls, embeddings: Embeddings, paths: Sequence[str] | None = None,
                         labels: Embeddings | None = None, *, fingerprint: str, similarity: str = "cosine",
                         preprocessing: Mapping[str, Any] | None = None, level_names: Sequence[str] | None = None,
-                        faiss: str | None = None, faiss_params: str | None = None, progress: bool = True) -> Index:
+                        label_names: LabelNames | None = None, ids: Sequence[str] | None = None,
+                        metadata: MetadataSource | Columns | None = None, faiss: str | None = None,
+                        faiss_params: str | None = None, progress: bool = True) -> Index:
         """An index of your own vectors; ``fingerprint`` names the model that made them (queries given as
-        embeddings with another fingerprint are refused)."""
+        embeddings with another fingerprint are refused). ``ids``: one string per row (default ``"0"``, ...);
+        ``metadata``: ``{column: values}`` aligned with the rows, or a file / table keyed by path;
+        ``label_names``: class names by label id per level."""
         x = _embeddings(embeddings, "embeddings")
         y = _labels(labels, x.shape[0])
         item_paths = _paths(paths, x.shape[0])
-        names = tuple(level_names) if level_names is not None else _default_level_names(y.shape[1])
+        names = tuple(level_names) if level_names is not None else default_level_names(y.shape[1])
         if len(names) != y.shape[1]:
             raise ValueError(f"{len(names)} level names for labels with {y.shape[1]} levels")
-        index = cls(x, y, item_paths, fingerprint=fingerprint, preprocessing=preprocessing or {},
-                    similarity=similarity, level_names=names)
+        columns, _ = aligned_columns(metadata, item_paths, x.shape[0])
+        items = Items.new(x.shape[0], item_paths, ids=ids, metadata=columns)
+        index = cls(x, y, items, fingerprint=fingerprint, preprocessing=preprocessing or {},
+                    similarity=similarity, level_names=names, label_names=label_names)
         return index._with_faiss(faiss, faiss_params, progress)
 
     def _with_faiss(self, spec: str | None, params: str | None, show_progress: bool) -> Index:
@@ -204,6 +180,32 @@ class Index:
         return int(self.embeddings.shape[1])
 
     @property
+    def ids(self) -> list[str]:
+        """The items' stable ids, by row."""
+        return self.items.ids
+
+    @property
+    def paths(self) -> list[str] | None:
+        return self.items.paths
+
+    @property
+    def metadata(self) -> Columns:
+        """``{column: [value per item]}``."""
+        return self.items.metadata
+
+    @property
+    def threshold(self) -> dict[str, Any] | None:
+        """The calibrated threshold (``value``, ``fmr``, ``fnmr``, ``dataset``, ``split``, ... of
+        :func:`rankopt.search.threshold.calibrate`) or ``None``; set it with :meth:`set_threshold`."""
+        return self.info.get("threshold")
+
+    def set_threshold(self, threshold: Mapping[str, Any] | None) -> None:
+        """Store a threshold (a mapping with a finite ``value``; ``None`` removes it)."""
+        if threshold is not None and not np.isfinite(float(threshold.get("value", np.nan))):
+            raise ValueError(f"a threshold needs a finite 'value', got {threshold!r}")
+        self.info["threshold"] = None if threshold is None else dict(threshold)
+
+    @property
     def backend(self) -> str:
         """``"exact"`` or ``"faiss <spec>"``."""
         return f"faiss {self.info['faiss']['spec']}" if self.faiss_index is not None else "exact"
@@ -212,11 +214,25 @@ class Index:
         return (f"Index({len(self)} items, dim={self.dim}, {self.similarity}, {self.backend}, "
                 f"fingerprint={self.fingerprint})")
 
+    def item(self, id: str) -> dict[str, Any]:
+        """``{"id", "path", "label", "labels", "metadata"}`` of the item ``id`` (``label``: the finest, ``labels``:
+        by level name; names when the index has them); ``ValueError`` naming an unknown id."""
+        row = int(self.items.rows_of(ids=[id])[0])
+        labels = [None if v < 0 else self.label_names[c][v] if self.label_names is not None else v
+                  for c, v in enumerate(self.labels[row].tolist())]
+        return {"id": self.ids[row], "path": None if self.paths is None else self.paths[row], "label": labels[0],
+                "labels": dict(zip(self.level_names, labels)), "metadata": {c: v[row] for c, v in self.metadata.items()}}
+
     # ------------------------------------------------------------------ search
-    def search(self, queries: Embeddings | ImageSource, k: int = 10, *, fingerprint: str | None = None,
-               model: nn.Module | Embedder | None = None, checkpoint: str | os.PathLike[str] | None = None,
-               qe: Expansion | None = None) -> SearchResult:
+    def search(self, queries: Embeddings | ImageSource, k: int = 10, *, filter: Filter | None = None,
+               fingerprint: str | None = None, model: nn.Module | Embedder | None = None,
+               checkpoint: str | os.PathLike[str] | None = None, qe: Expansion | None = None) -> SearchResult:
         """The top-``k`` items of each query (``k`` capped to the index size, said in ``note``).
+
+        ``filter``: only items whose metadata it accepts (:mod:`rankopt.search.metadata`: ``{"key": value}``,
+        ``{"key": [v1, v2]}``, ``"key=value"``, ``"key in [v1, v2]"`` or a list of such strings, ANDed; the
+        column ``label`` is the finest label), searched exactly among those alone (fewer than ``k`` when
+        fewer pass, said in ``note``).
 
         ``qe``: αQE, each query replaced by ``normalize(q + Σ_{i≤k} max(s_i, 0)^α g_i)`` over its top
         ``qe.k`` indexed vectors (exact search) before the search (ICCV'19 §5: k = 10, α = 2).
@@ -236,7 +252,7 @@ class Index:
         else:
             if fingerprint is not None:
                 raise ValueError("fingerprint= describes query embeddings; image queries are checked by their model")
-            split = self._embedder(model, checkpoint).embed(queries, desc="embedding queries")
+            split = self.embedder_for(model, checkpoint).embed(queries, desc="embedding queries")
             q, query_paths = _embeddings(split.embeddings, "query embeddings"), split.paths
             query_labels = self.labels_of_paths(query_paths)
         if q.shape[1] != self.dim:
@@ -247,164 +263,218 @@ class Index:
             raise ValueError("the index is empty")
         if qe is not None:
             q = alpha_query_expansion(q, self.embeddings, qe, similarity=self.similarity)
-        kept = min(k, len(self))
-        note = f"k={k} capped to {kept}: the index holds {len(self)} items" if kept < k else ""
-        if self.faiss_index is not None:
-            scores, ids = approximate.search(self.faiss_index, q, kept, self.similarity)
+        keep = None if filter is None else np.flatnonzero(self._filter_mask(filter))
+        candidates = len(self) if keep is None else keep.size
+        kept = min(k, candidates)
+        note = "" if kept == k else (f"k={k} capped to {kept}: the index holds {len(self)} items" if keep is None else
+                                     f"k={k} capped to {kept}: the filter keeps {keep.size} of {len(self)} items")
+        if kept == 0:  # the filter keeps nothing
+            scores, rows = torch.empty((q.shape[0], 0)), torch.empty((q.shape[0], 0), dtype=torch.long)
+        elif self.faiss_index is not None and keep is None:
+            scores, rows = approximate.search(self.faiss_index, q, kept, self.similarity)
         else:
             device = self.embedder.device if self.embedder is not None else torch.device("cpu")
-            scores, ids = chunked_topk(q.to(device), self.embeddings.to(device), kept, similarity=self.similarity)
-            scores, ids = scores.cpu(), ids.cpu()
-        found = ids.clamp(min=0)
-        labels = self.labels[found].masked_fill((ids < 0).unsqueeze(-1), -1)
-        paths = [[self.paths[j] if self.paths is not None and j >= 0 else None for j in row] for row in ids.tolist()]
-        return SearchResult(scores.float(), ids, paths, labels, self.level_names, self.label_names,
+            gallery = self.embeddings if keep is None else self.embeddings[torch.from_numpy(keep)]
+            scores, rows = chunked_topk(q.to(device), gallery.to(device), kept, similarity=self.similarity)
+            scores, rows = scores.cpu(), rows.cpu()
+            if keep is not None:
+                rows = torch.from_numpy(keep)[rows]
+        return self._result(scores.float(), rows, query_paths, query_labels, note)
+
+    def _filter_mask(self, filter: Filter) -> np.ndarray:
+        columns = {**self.metadata, LABEL_KEY: label_texts(self.labels, self.label_names)}
+        return filter_mask(columns, len(self), filter)
+
+    def _result(self, scores: torch.Tensor, rows: torch.Tensor, query_paths: list[str] | None,
+                query_labels: torch.Tensor | None, note: str) -> SearchResult:
+        found = rows.clamp(min=0)
+        labels = self.labels[found].masked_fill((rows < 0).unsqueeze(-1), -1)
+        table = rows.tolist()
+        ids = [[self.ids[j] if j >= 0 else None for j in row] for row in table]
+        paths = [[self.paths[j] if self.paths is not None and j >= 0 else None for j in row] for row in table]
+        metadata = None
+        if self.metadata:
+            metadata = [[{c: v[j] for c, v in self.metadata.items()} if j >= 0 else {} for j in row] for row in table]
+        threshold = None if self.threshold is None else float(self.threshold["value"])
+        return SearchResult(scores, rows, ids, paths, labels, self.level_names, self.label_names, metadata, threshold,
                             query_paths, query_labels, note)
 
-    def _embedder(self, model: nn.Module | Embedder | None, checkpoint: str | os.PathLike[str] | None) -> Embedder:
-        """The embedder of image queries or additions, its fingerprint checked against the index's."""
+    def embedder_for(self, model: nn.Module | Embedder | None = None,
+                     checkpoint: str | os.PathLike[str] | None = None, **options: Any) -> Embedder:
+        """The embedder of image queries or additions: ``model``, else ``checkpoint`` (a ``.onnx`` export runs
+        in onnxruntime), else the checkpoint the index records; with the index's multi-scale and whitening
+        steps, its fingerprint checked against the index's. ``options``: :class:`Embedder`'s (device,
+        batch size, progress)."""
         if model is not None and checkpoint is not None:
             raise ValueError("pass model= or checkpoint=, not both")
         if isinstance(model, Embedder):
             embedder = model
         elif model is not None:
-            embedder = Embedder.from_model(model, preprocessing=base_preprocessing(self.preprocessing))
+            embedder = Embedder.from_model(model, preprocessing=base_preprocessing(self.preprocessing), **options)
         elif checkpoint is not None:
-            embedder = Embedder.from_checkpoint(checkpoint)
-        elif self.embedder is not None:
+            if not Path(checkpoint).is_file():
+                raise FileNotFoundError(f"checkpoint {str(checkpoint)!r} does not exist")
+            embedder = Embedder.from_checkpoint(checkpoint, **options)
+        elif self.embedder is not None and not options:
             embedder = self.embedder
         elif self.info.get("checkpoint"):
             path = Path(self.info["checkpoint"])
             if not path.is_file():
                 raise FileNotFoundError(f"the index's checkpoint {str(path)!r} does not exist: pass checkpoint= "
-                                        "(rankopt search --checkpoint) to embed image queries")
-            embedder = self.embedder = Embedder.from_checkpoint(path)
+                                        "(--checkpoint or --onnx on the command line) to embed images")
+            embedder = Embedder.from_checkpoint(path, **options)
+            if not options:
+                self.embedder = embedder
         else:
-            raise ValueError("this index records no model: pass model= or checkpoint= to embed images, "
-                             "or give embeddings")
+            raise ValueError("this index records no checkpoint: pass model= or checkpoint= (--checkpoint or --onnx on "
+                             "the command line) to embed images, or give embeddings")
         if embedder.post is None:
             embedder = embedder.with_postprocessing(self.post)
         embedder.require_fingerprint(self.fingerprint, self.preprocessing)
         return embedder
 
     def labels_of_paths(self, paths: Sequence[str]) -> torch.Tensor:
-        """``(Q, L)`` labels of images given by path: an image lying in a folder whose trailing path
-        components name a class of the index (``.../a/1/x.png`` and class ``a/1``) gets that class's
-        labels, any other ``-1``."""
-        out = torch.full((len(paths), self.labels.shape[1]), -1, dtype=torch.long)
-        if self.label_names is None:
-            return out
-        finest = {name: i for i, name in enumerate(self.label_names[0])}
-        rows = {int(label): row for row, label in reversed(list(enumerate(self.labels[:, 0].tolist())))}
-        for q, path in enumerate(paths):
-            parts = PurePath(path).parent.parts
-            for depth in range(1, len(parts) + 1):
-                label = finest.get("/".join(parts[-depth:]))
-                if label is not None and label in rows:
-                    out[q] = self.labels[rows[label]]
-                    break
-        return out
+        """``(Q, L)`` labels of query images by their folders (:func:`rankopt.search.labels.labels_of_paths`)."""
+        return labels_of_paths(paths, self.labels, self.label_names)
 
-    # ------------------------------------------------------------------ add
+    # ------------------------------------------------------------------ changes
     def add(self, images_or_embeddings: Embeddings | ImageSource, paths: Sequence[str] | None = None,
-            labels: Embeddings | None = None, *, fingerprint: str | None = None,
+            labels: Embeddings | None = None, *, ids: Sequence[str] | None = None,
+            metadata: MetadataSource | Columns | None = None, fingerprint: str | None = None,
             model: nn.Module | Embedder | None = None, checkpoint: str | os.PathLike[str] | None = None) -> Index:
-        """Append embeddings (with the ``fingerprint`` they were made with, checked when given) or images
-        (embedded like image queries, their labels and class names merged by name); returns ``self``.
-        An index built with DBA cannot grow: its vectors depend on each other (rebuild it instead)."""
-        if self.info.get("dba"):
-            raise ValueError(f"this index was built with database-side augmentation (DBA {self.info['dba']}): each "
-                             "vector depends on its neighbours, so items cannot be added; rebuild the index")
+        """Append embeddings (with the ``fingerprint`` they were made with, checked when given; ``ids``,
+        ``metadata`` as :meth:`from_embeddings`) or images (embedded like image queries, their labels and class
+        names merged by name; ``metadata`` as :meth:`build`); returns ``self``. New items get new ids; a path
+        already indexed is refused. An index built with DBA cannot change (:meth:`_require_independent`)."""
+        self._require_independent("items cannot be added")
         if isinstance(images_or_embeddings, (torch.Tensor, np.ndarray)):
             if fingerprint is not None and fingerprint != self.fingerprint:
                 raise ValueError(f"the added embeddings' fingerprint {fingerprint} is not the index's {self.fingerprint}")
             x = _embeddings(images_or_embeddings, "added embeddings")
             y, names, new_paths = _labels(labels, x.shape[0]), None, _paths(paths, x.shape[0])
+            columns, _ = aligned_columns(metadata, new_paths, x.shape[0], "added metadata")
+            new_items = {"ids": ids, "metadata": columns}
         else:
-            if paths is not None or labels is not None or fingerprint is not None:
-                raise ValueError("paths=/labels=/fingerprint= go with embeddings; images bring their own")
-            embedder = self._embedder(model, checkpoint)
+            if paths is not None or labels is not None or fingerprint is not None or ids is not None:
+                raise ValueError("paths=/labels=/fingerprint=/ids= go with embeddings; images bring their own")
+            embedder = self.embedder_for(model, checkpoint)
             dataset = as_dataset(images_or_embeddings, embedder.transform, class_tree=True)
             split = embedder.embed(dataset, desc="embedding additions")
             x, y, names, new_paths = split.embeddings, split.labels, dataset_label_names(dataset), split.paths
+            new_items = dataset_items(dataset, new_paths, metadata)
         if x.shape[1] != self.dim:
             raise ValueError(f"the added embeddings have dimension {x.shape[1]} but the index holds {self.dim}-d ones")
-        if (self.paths is None) != (new_paths is None) and len(self):
-            raise ValueError("the index has item paths and the additions have none, or the reverse: give paths= "
-                             "for every item or for none")
-        y = self._merge_labels(y, names)
+        items = self.items.extended(x.shape[0], new_paths, **new_items)
+        y = merge_labels(y, names, self.label_names, self.labels.shape[1])
         if self.faiss_index is not None:
             approximate.add(self.faiss_index, x, self.similarity, show_progress=False)
         self.embeddings = torch.cat([self.embeddings, x])
         self.labels = torch.cat([self.labels, y])
-        self.paths = None if new_paths is None else [*(self.paths or []), *new_paths]
+        self.items = items
         if self.faiss_index is not None:
             self._measure_recall()
         return self
 
-    def _merge_labels(self, labels: torch.Tensor, names: LabelNames | None) -> torch.Tensor:
-        """``labels`` in the index's label ids: translated by class name when both sides have names."""
-        levels = self.labels.shape[1]
-        if bool((labels < 0).all()):
-            return torch.full((labels.shape[0], levels), -1, dtype=torch.long)
-        if labels.shape[1] != levels:
-            raise ValueError(f"the added labels have {labels.shape[1]} levels, the index's {levels}")
-        if (self.label_names is None) != (names is None):
-            raise ValueError("the index's labels are class names and the additions' are bare ids, or the reverse: "
-                             "they cannot be matched")
-        if names is None or self.label_names is None:
-            return labels
-        out = labels.clone()
-        for level in range(levels):
-            known = {name: i for i, name in enumerate(self.label_names[level])}
-            for label in labels[:, level].unique().tolist():
-                if label >= 0:
-                    name = names[level][label]
-                    if name not in known:
-                        known[name] = len(self.label_names[level])
-                        self.label_names[level].append(name)
-                    out[labels[:, level] == label, level] = known[name]
-        return out
+    def remove(self, ids: Sequence[str] = (), paths: Sequence[str] = ()) -> list[str]:
+        """Remove the items with these ``ids`` or ``paths`` (an unknown one is a ``ValueError`` naming it; nothing
+        is removed then); returns the removed ids. Removed ids are never given to new items."""
+        self._require_independent("items cannot be removed")
+        rows = self.items.rows_of(ids, paths)
+        removed = [self.ids[r] for r in rows.tolist()]
+        self._keep(np.setdiff1d(np.arange(len(self)), rows))
+        return removed
+
+    def update(self, *, model: nn.Module | Embedder | None = None,
+               checkpoint: str | os.PathLike[str] | None = None) -> dict[str, Any]:
+        """Re-embed the items whose file changed since indexed (size or mtime moved and sha256 differs) and
+        remove those whose file vanished; items without a file stamp (given as embeddings) are left alone.
+        Ids, labels and metadata stay. Returns ``{"changed": [ids], "removed": [ids], "checked": n}``."""
+        self._require_independent("items cannot be updated")
+        changed, vanished, restamped = changed_files(self.items)
+        checked = sum(stamp is not None for stamp in self.items.stamps or [])
+        if restamped:
+            rows, stamps = zip(*restamped)
+            self.items = self.items.with_stamps(rows, stamps)
+        result = {"changed": [self.ids[r] for r in changed], "removed": [self.ids[r] for r in vanished],
+                  "checked": checked}
+        if changed:
+            x = self.embedder_for(model, checkpoint).embed(crop_dataset(self.items, changed), desc="re-embedding").embeddings
+            self.embeddings = self.embeddings.clone()
+            self.embeddings[torch.tensor(changed)] = _embeddings(x, "re-embedded items")
+        if vanished or changed:
+            self._keep(np.setdiff1d(np.arange(len(self)), vanished))
+        return result
+
+    def _keep(self, rows: np.ndarray) -> None:
+        """Keep the items at ``rows`` (sorted), the faiss index rebuilt on them (its training kept)."""
+        take = torch.from_numpy(rows)
+        self.embeddings, self.labels, self.items = self.embeddings[take], self.labels[take], self.items.selected(rows)
+        if self.faiss_index is not None:
+            self.faiss_index = approximate.rebuilt(self.faiss_index, self.embeddings, self.similarity,
+                                                   self.info["faiss"].get("params"))
+            self._measure_recall()
+
+    def _require_independent(self, what: str) -> None:
+        """Refuse a change to an index built with DBA: each vector depends on its neighbours (rebuild it)."""
+        if self.info.get("dba"):
+            raise ValueError(f"this index was built with database-side augmentation (DBA {self.info['dba']}): each "
+                             f"vector depends on its neighbours, so {what}; rebuild the index")
 
     # ------------------------------------------------------------------ persistence
     def save(self, directory: str | os.PathLike[str]) -> Path:
-        """Write the index folder (see :mod:`rankopt.search.storage`) atomically."""
+        """Write the index folder (see :mod:`rankopt.search.storage`) atomically, as its next version."""
         from rankopt import __version__
 
         info = {"format": storage.FORMAT, "format_version": storage.FORMAT_VERSION, "rankopt_version": __version__,
                 "fingerprint": self.fingerprint, "preprocessing": self.preprocessing, "similarity": self.similarity,
                 "dim": self.dim, "count": len(self), "checkpoint": self.info.get("checkpoint"),
                 "model": self.info.get("model"), "faiss": self.info.get("faiss"), "dba": self.info.get("dba"),
-                "created_utc": self.info.get("created_utc")}
-        items = {"paths": self.paths, "level_names": list(self.level_names), "label_names": self.label_names}
+                "created_utc": self.info.get("created_utc"), "threshold": self.threshold,
+                "next_id": self.items.next_id, "metadata_columns": sorted(self.metadata)}
+        items = {**self.items.to_json(), "level_names": list(self.level_names), "label_names": self.label_names}
         whitening = None if self.post is None else self.post.whitening
-        return storage.write(directory, storage.StoredIndex(self.embeddings, self.labels, info, items,
-                                                            self.faiss_index, whitening))
+        folder = storage.write(directory, storage.StoredIndex(self.embeddings, self.labels, info, items,
+                                                              self.faiss_index, whitening))
+        self.info["version"] = storage.version(folder)
+        return folder
 
     @classmethod
     def load(cls, directory: str | os.PathLike[str]) -> Index:
         """Read an index folder written by :meth:`save`, validating every file."""
         stored = storage.read(directory)
-        items = stored.items
-        level_names = items.get("level_names") or _default_level_names(stored.labels.shape[1])
-        label_names = items.get("label_names")
+        items_json = Path(directory) / str(stored.info.get("data", "")) / storage.ITEMS_JSON
+        level_names = stored.items.get("level_names") or default_level_names(stored.labels.shape[1])
+        label_names = stored.items.get("label_names")
         if len(level_names) != stored.labels.shape[1] or (label_names is not None and len(label_names) != len(level_names)):
-            raise ValueError(f"{Path(directory) / storage.ITEMS_JSON}: {len(level_names)} level names for labels with "
+            raise ValueError(f"{items_json}: {len(level_names)} level names for labels with "
                              f"{stored.labels.shape[1]} levels")
-        if label_names is not None:
+        if label_names is not None and len(stored.labels):
             top = stored.labels.max(dim=0).values.tolist()
             for level, (names, largest) in enumerate(zip(label_names, top)):
                 if largest >= len(names):
-                    raise ValueError(f"{Path(directory) / storage.ITEMS_JSON}: {len(names)} label names at level "
+                    raise ValueError(f"{items_json}: {len(names)} label names at level "
                                      f"{level} but {storage.EMBEDDINGS} uses label {largest}")
-        info = {key: stored.info.get(key) for key in ("checkpoint", "model", "faiss", "dba", "created_utc")}
+        items = Items.from_json(stored.items, stored.labels.shape[0], stored.info.get("next_id"), str(items_json))
+        info = {key: stored.info.get(key) for key in ("checkpoint", "model", "faiss", "dba", "created_utc", "threshold",
+                                                      "version")}
         preprocessing = stored.info.get("preprocessing") or {}
         scales = preprocessing.get(MULTISCALE_KEY)
         post = (PostProcessing(tuple(scales) if scales else None, stored.whitening)
                 if scales or stored.whitening is not None else None)
-        return cls(stored.embeddings, stored.labels, items.get("paths"), fingerprint=stored.info["fingerprint"],
+        return cls(stored.embeddings, stored.labels, items, fingerprint=stored.info["fingerprint"],
                    preprocessing=preprocessing, similarity=stored.info["similarity"], level_names=level_names,
                    label_names=label_names, faiss_index=stored.faiss_index, info=info, post=post)
+
+    @classmethod
+    @contextlib.contextmanager
+    def editing(cls, directory: str | os.PathLike[str]) -> Iterator[Index]:
+        """``with Index.editing(DIR) as index: index.remove(...)``: the folder's writers' lock held while the
+        index is loaded, changed and saved (on leaving the block without an exception), so concurrent
+        changes never lose each other's work."""
+        with storage.locked(directory):
+            index = cls.load(directory)
+            yield index
+            index.save(directory)
 
 
 # ---------------------------------------------------------------------- helpers
@@ -426,14 +496,3 @@ def _paths(paths: Sequence[str] | None, rows: int) -> list[str] | None:
     if len(paths) != rows:
         raise ValueError(f"{len(paths)} paths for {rows} embeddings")
     return [str(p) for p in paths]
-
-
-def _default_level_names(levels: int) -> tuple[str, ...]:
-    return ("class", *(f"level{c}" for c in range(1, levels)))
-
-
-def dataset_label_names(dataset: RetrievalDataset) -> LabelNames | None:
-    """Class names by label id at each level (``dataset.metadata["label_names"]``, which the data loaders
-    fill from the raw labels: :func:`rankopt.data.base.label_names`); ``None``: bare ids."""
-    given = dataset.metadata.get("label_names")
-    return None if given is None else [list(level) for level in given]

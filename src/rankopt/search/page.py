@@ -1,7 +1,8 @@
 """The results page of a search (``rankopt search --html OUT.html``): one row per query, its
 thumbnail then its top-k thumbnails with rank and score, framed by relevance when the query's
 label is known: green = same finest class, orange = shares a coarser level only, red = no shared
-label, grey = unknown. Thumbnails are small PNGs written to ``OUT_files/`` beside the page (never
+label, grey = unknown; "no match" marks a result scoring below the index's calibrated threshold.
+Thumbnails are small PNGs written to ``OUT_files/`` beside the page (never
 links to the user's originals): the page works offline and when moved; no JavaScript.
 """
 
@@ -27,7 +28,7 @@ from rankopt.report.html import (
     section,
     write_page,
 )
-from rankopt.search.index import SearchResult
+from rankopt.search.result import SearchResult
 from rankopt.viz._common import level_colour, level_name, thumbnail
 
 UNKNOWN_COLOUR = "#8c959f"
@@ -95,6 +96,7 @@ def write_results_page(result: SearchResult, html_path: str | os.PathLike[str], 
         return written.get(name)
 
     levels = result.labels.shape[-1]
+    matches = result.matches
     base = os.path.commonpath([str(PurePath(p).parent) for p in result.query_paths])
     rows = []
     for q, query in enumerate(result.query_paths):
@@ -103,17 +105,18 @@ def write_results_page(result: SearchResult, html_path: str | os.PathLike[str], 
         heading = os.path.relpath(query, base) + (f" — {result.label_text(int(query_label[0]))}" if known else "")
         cells = [_cell(src(f"query{q}.png", query), QUERY_COLOUR, ["query", PurePath(query).name], query)]
         shared = relevance_levels(query_label.unsqueeze(0), result.labels[q])[0]
-        for rank, item in enumerate(result.ids[q].tolist(), start=1):
-            if item < 0:
+        for rank, row in enumerate(result.rows[q].tolist(), start=1):
+            if row < 0:
                 continue
-            path = result.paths[q][rank - 1]
+            path, item = result.paths[q][rank - 1], result.ids[q][rank - 1]
             label = int(result.labels[q, rank - 1, 0])
             colour = to_hex(level_colour(int(shared[rank - 1]), levels)) if known and label >= 0 else UNKNOWN_COLOUR
-            lines = [f"#{rank} · {format_value(float(result.scores[q, rank - 1]), 3)}"]
+            lines = [f"#{rank} · {format_value(float(result.scores[q, rank - 1]), 3)}"
+                     + (" · no match" if matches is not None and not bool(matches[q, rank - 1]) else "")]
             if label >= 0:
                 lines.append(str(result.label_text(label)))
             lines.append(PurePath(path).name if path else f"item {item}")
-            cells.append(_cell(src(f"item{item}.png", path), colour, lines, path or f"item {item}"))
+            cells.append(_cell(src(f"item{row}.png", path), colour, lines, path or f"item {item}"))
         rows.append(f"<h3>{escape(heading)}</h3>\n<div>{''.join(cells)}</div>")
     intro = (f"Top {result.k} of each of {len(result)} queries. Frames: relevance to the query when its label is "
              "known (the query lies in a folder named like a class of the index).")

@@ -1,44 +1,64 @@
-"""An index folder on disk, written atomically and validated when read. Nothing is ever unpickled.
+"""An index folder on disk: every change atomic and durable, validated when read. Nothing is ever unpickled.
 
-=========================  ===========================================================================
-file                       content
-=========================  ===========================================================================
-``index.json``             format and version, rankopt version, fingerprint, preprocessing, similarity,
-                           dim, count, checkpoint path, model summary, faiss spec/parameters/recall, created
-``items.json``             ``paths`` (or null), ``level_names``, ``label_names`` (per level, by label id, or null)
-``embeddings.safetensors`` ``embeddings`` float32 ``(count, dim)``, ``labels`` int64 ``(count, L)``
-``faiss.index``            the faiss index (``faiss.write_index``), only when one was built
-``whitening.safetensors``  the learned whitening of the embeddings (``rankopt.postprocess``), only when used
-=========================  ===========================================================================
+=============================  =======================================================================
+file                           content
+=============================  =======================================================================
+``index.json``                 format and version, rankopt version, fingerprint, preprocessing, similarity,
+                               dim, count, checkpoint path, model summary, faiss spec/parameters/recall,
+                               created, threshold, next id; ``version`` (1, 2, ... one more at each change),
+                               ``changed_utc`` and ``data``: the name of the data folder below
+``vNNNNNN/items.json``         ``ids``, ``paths`` (or null), ``level_names``, ``label_names`` (per level, by label
+                               id, or null), ``metadata`` (columns), ``stamps``, ``crops`` (:mod:`.items`)
+``vNNNNNN/embeddings.safetensors``  ``embeddings`` float32 ``(count, dim)``, ``labels`` int64 ``(count, L)``
+``vNNNNNN/faiss.index``        the faiss index (``faiss.write_index``), only when one was built
+``vNNNNNN/whitening.safetensors``  the learned whitening of the embeddings (``rankopt.postprocess``), only when used
+``.lock``                      taken (``flock``) by a writer for the whole change
+=============================  =======================================================================
 
-The folder is built as a hidden temporary sibling and then swapped in, so an interrupted save
-leaves the previous index intact.
+A change writes a new data folder ``vNNNNNN`` (files flushed to disk), then replaces ``index.json``
+(a temporary file renamed over it: atomic) to point at it; the data folder of the previous version is
+kept for readers still loading it, older ones are deleted. So a reader (a running ``rankopt serve``)
+sees the old or the new index, never a mix, and a process killed at any moment leaves the last complete
+version in place (its unfinished folder is removed by the next change). A new folder is built as a
+hidden temporary sibling and renamed into place. **To notice a change, poll** :func:`version`
+(``index.json``'s ``version``; or the file's ``mtime_ns``): it grows at every change.
+Folders of format 1 (the files beside ``index.json``) are read, and upgraded by the next change.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import re
 import shutil
 import tempfile
-from collections.abc import Mapping
+import threading
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from rankopt.files import write_text_atomic
 from rankopt.postprocess import WHITENING_KEY, Whitening, load_whitening, save_whitening
 from rankopt.search import approximate
 
 FORMAT = "rankopt-index"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
+READABLE_VERSIONS = (1, 2)
 INDEX_JSON = "index.json"
 ITEMS_JSON = "items.json"
 EMBEDDINGS = "embeddings.safetensors"
 FAISS_INDEX = "faiss.index"
 WHITENING = "whitening.safetensors"
+LOCK = ".lock"
+DATA_FILES = (ITEMS_JSON, EMBEDDINGS, FAISS_INDEX, WHITENING)
+DATA_NAME = re.compile(r"^v(\d{6,})$")
+READ_ATTEMPTS = 5
+"""A reader whose version's files vanished or failed while the version changed (two changes during one load)
+reads the new version, up to this many times."""
 
 
 @dataclass
@@ -53,30 +73,137 @@ class StoredIndex:
     whitening: Whitening | None = None
 
 
+# ---------------------------------------------------------------------- writing
 def write(directory: str | os.PathLike[str], stored: StoredIndex) -> Path:
-    """Write ``stored`` as the index folder ``directory``, replacing a previous index there (atomically).
+    """Write ``stored`` as the new version of the index folder ``directory`` (see the module docstring).
 
     A ``directory`` that exists but is neither empty nor an index folder is refused (never overwrite user data).
     """
+    target = check_target(directory)
+    if not (target / INDEX_JSON).exists():
+        target.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent))
+        try:
+            _write_version(tmp, stored, 1)
+            os.replace(tmp, target)  # a missing or empty folder: replaced at once
+            _fsync(target.parent)
+            return target
+        except OSError:
+            shutil.rmtree(tmp, ignore_errors=True)
+            if not (target / INDEX_JSON).exists():
+                raise  # else another process created it meanwhile: write a new version of it
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+    with locked(target):
+        check_target(target)
+        info = _read_json(target / INDEX_JSON)
+        _collect(target, info)
+        version = _version_of(info) + 1
+        try:
+            _write_version(target, stored, version)
+        finally:
+            _collect(target, _read_json(target / INDEX_JSON))
+    return target
+
+
+def _write_version(folder: Path, stored: StoredIndex, version: int) -> None:
+    """The data folder of ``version`` in ``folder`` (flushed), then ``folder/index.json`` pointing at it."""
     from safetensors.torch import save_file
 
-    target = check_target(directory)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent))
+    name = f"v{version:06d}"
+    data = folder / name
+    tmp = Path(tempfile.mkdtemp(prefix=f".{name}.", suffix=".tmp", dir=folder))
     try:
         save_file({"embeddings": stored.embeddings.detach().float().cpu().contiguous(),
                    "labels": stored.labels.detach().long().cpu().contiguous()}, str(tmp / EMBEDDINGS))
-        write_text_atomic(tmp / ITEMS_JSON, json.dumps(stored.items))
+        (tmp / ITEMS_JSON).write_text(json.dumps(stored.items), encoding="utf-8")
         if stored.faiss_index is not None:
             approximate.write(stored.faiss_index, tmp / FAISS_INDEX)
         if stored.whitening is not None:
             save_whitening(stored.whitening, tmp / WHITENING)
-        write_text_atomic(tmp / INDEX_JSON, json.dumps(stored.info, indent=2))
-        _swap_in(tmp, target)
+        for file in tmp.iterdir():
+            _fsync(file)
+        _fsync(tmp)
+        os.replace(tmp, data)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    return target
+    info = {**stored.info, "format": FORMAT, "format_version": FORMAT_VERSION, "version": version, "data": name,
+            "changed_utc": f"{datetime.now(timezone.utc):%Y-%m-%d %H:%M:%S.%f UTC}"}
+    _write_json_durably(folder / INDEX_JSON, info)
+
+
+def _write_json_durably(path: Path, value: Mapping[str, Any]) -> None:
+    """``path`` replaced atomically by ``value`` as JSON, flushed to disk with its folder."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
+    try:
+        with open(tmp, "w", encoding="utf-8") as fh:
+            fh.write(json.dumps(value, indent=2))
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    _fsync(path.parent)
+
+
+def _fsync(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _collect(folder: Path, info: Mapping[str, Any]) -> None:
+    """Delete what the current version does not need: data folders other than the current one and the one
+    before it (readers may still load it), unfinished temporary files, the files of a format-1 folder."""
+    current = info.get("data")
+    versions = sorted(int(m.group(1)) for e in folder.iterdir() if (m := DATA_NAME.match(e.name)) and e.name != current)
+    number = _version_of(info)
+    previous = max((v for v in versions if v < number), default=None)
+    for entry in folder.iterdir():
+        match = DATA_NAME.match(entry.name)
+        stale = (match and entry.name != current and int(match.group(1)) != previous) or entry.name.endswith(".tmp")
+        legacy = current is not None and entry.name in DATA_FILES
+        if (stale or legacy) and entry.is_dir():
+            shutil.rmtree(entry, ignore_errors=True)
+        elif stale or legacy:
+            entry.unlink(missing_ok=True)
+
+
+_held = threading.local()
+
+
+@contextlib.contextmanager
+def locked(directory: str | os.PathLike[str]) -> Iterator[None]:
+    """Hold the writers' lock of the index folder ``directory`` (``flock`` on ``.lock``; re-entrant within a
+    thread). Readers never wait for it. Without ``fcntl`` (Windows) there is no lock."""
+    key = str(Path(directory).resolve())
+    held = _held.__dict__.setdefault("folders", {})
+    if key in held:
+        held[key] += 1
+        try:
+            yield
+        finally:
+            held[key] -= 1
+        return
+    try:
+        import fcntl
+    except ImportError:  # pragma: no cover - Windows
+        fcntl = None
+    with open(Path(directory) / LOCK, "a+") as fh:
+        if fcntl is not None:
+            fcntl.flock(fh.fileno(), fcntl.LOCK_EX)
+        held[key] = 1
+        try:
+            yield
+        finally:
+            del held[key]
+            if fcntl is not None:
+                fcntl.flock(fh.fileno(), fcntl.LOCK_UN)
 
 
 def check_target(directory: str | os.PathLike[str]) -> Path:
@@ -91,20 +218,15 @@ def check_target(directory: str | os.PathLike[str]) -> Path:
     return target
 
 
-def _swap_in(tmp: Path, target: Path) -> None:
-    """Rename ``tmp`` to ``target``; a previous ``target`` is moved aside first and deleted after."""
-    if not target.exists():
-        os.replace(tmp, target)
-        return
-    old = Path(tempfile.mkdtemp(prefix=f".{target.name}.", suffix=".old", dir=target.parent))
-    os.replace(target, old / target.name)
-    try:
-        os.replace(tmp, target)
-    except BaseException:
-        os.replace(old / target.name, target)
-        raise
-    finally:
-        shutil.rmtree(old, ignore_errors=True)
+# ---------------------------------------------------------------------- reading
+def version(directory: str | os.PathLike[str]) -> int:
+    """The version of the index in ``directory`` (``index.json``'s ``version``, 0 for a format-1 folder):
+    cheap to poll, it grows at every change."""
+    return _version_of(_read_json(Path(directory) / INDEX_JSON))
+
+
+def _version_of(info: Mapping[str, Any]) -> int:
+    return int(info.get("version") or 0)
 
 
 def read(directory: str | os.PathLike[str]) -> StoredIndex:
@@ -112,32 +234,50 @@ def read(directory: str | os.PathLike[str]) -> StoredIndex:
     folder = Path(directory)
     if not folder.is_dir():
         raise FileNotFoundError(f"index folder {str(folder)!r} does not exist")
+    for attempt in range(READ_ATTEMPTS):
+        info = _read_info(folder)
+        try:
+            return _read_version(folder, info)
+        except (FileNotFoundError, ValueError):
+            if attempt + 1 == READ_ATTEMPTS or _version_of(_read_info(folder)) == _version_of(info):
+                raise  # not a change during the load: the folder is damaged
+    raise AssertionError("unreachable")  # pragma: no cover
+
+
+def _read_info(folder: Path) -> dict[str, Any]:
     info = _read_json(folder / INDEX_JSON)
     if info.get("format") != FORMAT:
         raise ValueError(f"{folder / INDEX_JSON} is not a rankopt index description (format {info.get('format')!r})")
-    if info.get("format_version") != FORMAT_VERSION:
+    if info.get("format_version") not in READABLE_VERSIONS:
         raise ValueError(f"{folder / INDEX_JSON}: unknown format version {info.get('format_version')!r} "
-                         f"(this rankopt reads version {FORMAT_VERSION})")
-    for key in ("fingerprint", "similarity", "dim", "count"):
+                         f"(this rankopt reads versions {', '.join(map(str, READABLE_VERSIONS))})")
+    for key in ("fingerprint", "similarity", "dim", "count", *(("data",) if info["format_version"] > 1 else ())):
         if key not in info:
             raise ValueError(f"{folder / INDEX_JSON} has no {key!r} entry")
+    if info["format_version"] > 1 and not DATA_NAME.match(str(info["data"])):
+        raise ValueError(f"{folder / INDEX_JSON}: 'data' is {info['data']!r}, not a data folder name (v000001)")
+    return info
+
+
+def _read_version(folder: Path, info: dict[str, Any]) -> StoredIndex:
+    data = folder / info["data"] if info["format_version"] > 1 else folder
     count, dim = info["count"], info["dim"]
-    items = _read_json(folder / ITEMS_JSON)
+    items = _read_json(data / ITEMS_JSON)
     paths = items.get("paths")
     if paths is not None and len(paths) != count:
-        raise ValueError(f"{folder / ITEMS_JSON} lists {len(paths)} paths but {INDEX_JSON} says count={count}")
-    embeddings, labels = _read_tensors(folder / EMBEDDINGS)
+        raise ValueError(f"{data / ITEMS_JSON} lists {len(paths)} paths but {INDEX_JSON} says count={count}")
+    embeddings, labels = _read_tensors(data / EMBEDDINGS)
     if tuple(embeddings.shape) != (count, dim) or embeddings.dtype != torch.float32:
-        raise ValueError(f"{folder / EMBEDDINGS}: embeddings are {embeddings.dtype} {tuple(embeddings.shape)}, "
+        raise ValueError(f"{data / EMBEDDINGS}: embeddings are {embeddings.dtype} {tuple(embeddings.shape)}, "
                          f"expected float32 ({count}, {dim}) as {INDEX_JSON} says")
     if labels.ndim != 2 or labels.shape[0] != count or labels.dtype != torch.int64:
-        raise ValueError(f"{folder / EMBEDDINGS}: labels are {labels.dtype} {tuple(labels.shape)}, "
+        raise ValueError(f"{data / EMBEDDINGS}: labels are {labels.dtype} {tuple(labels.shape)}, "
                          f"expected int64 ({count}, L)")
     if not bool(torch.isfinite(embeddings).all()):
-        raise ValueError(f"{folder / EMBEDDINGS}: embeddings hold NaN or Inf values")
+        raise ValueError(f"{data / EMBEDDINGS}: embeddings hold NaN or Inf values")
     faiss_index = None
     if info.get("faiss"):
-        path = folder / FAISS_INDEX
+        path = data / FAISS_INDEX
         if not path.is_file():
             raise FileNotFoundError(f"{path} is missing ({INDEX_JSON} says the index uses faiss {info['faiss']['spec']!r})")
         faiss_index = approximate.read(path)
@@ -145,7 +285,7 @@ def read(directory: str | os.PathLike[str]) -> StoredIndex:
             raise ValueError(f"{path} holds {faiss_index.ntotal} vectors of dimension {faiss_index.d}, "
                              f"but {INDEX_JSON} says {count} of dimension {dim}")
         approximate.set_params(faiss_index, info["faiss"].get("params"))
-    return StoredIndex(embeddings, labels, info, items, faiss_index, _read_whitening(folder, info))
+    return StoredIndex(embeddings, labels, info, items, faiss_index, _read_whitening(data, info))
 
 
 def _read_whitening(folder: Path, info: Mapping[str, Any]) -> Whitening | None:

@@ -1,6 +1,6 @@
 """Figures of rankopt: retrieval grids, precision-recall curves, embedding maps,
 training curves (per step and per evaluation), step-function surrogates, AP per level,
-decomposability-gap and hyper-parameter sweep plots.
+decomposability-gap and hyper-parameter sweep plots, FNMR-vs-FMR curves of a threshold.
 
 All rendering is headless (Agg, no ``pyplot``); every PNG is ``figsize * 100`` pixels.
 """
@@ -12,6 +12,7 @@ from rankopt.viz.curves import PRCurve, plot_pr_curves, plot_training_curves, pr
 from rankopt.viz.embedding_map import embed_2d, plot_embedding_map
 from rankopt.viz.figures import write_figures
 from rankopt.viz.retrieval_grid import Neighbours, RetrievalGrid, plot_retrieval_grid, retrieval_neighbours
+from rankopt.viz.verification import plot_fnmr_fmr
 from rankopt.viz.training import (
     Surrogate,
     plot_ap_per_level,
@@ -32,6 +33,7 @@ __all__ = [
     "plot_ap_per_level",
     "plot_decomposability_gap",
     "plot_embedding_map",
+    "plot_fnmr_fmr",
     "plot_learning_curves_by_group",
     "plot_learning_rates",
     "plot_loss_terms",

@@ -1,0 +1,96 @@
+"""The index being served and the model that embeds its image queries, swapped atomically when the
+index folder changes on disk.
+
+A request takes :attr:`IndexHolder.current` (a :class:`Snapshot`) once and uses it to the end, so a
+reload never drops or mixes requests: in-flight ones finish on the old index and model, later ones
+get the new. :meth:`IndexHolder.poll` compares the folder's version (:func:`rankopt.search.storage.version`,
+one more at each change) with the served one's and loads the new index (and, when its fingerprint
+differs, its model) off to the side; a folder failing to load leaves the served snapshot in place.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from rankopt.search import Embedder, Index, storage
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """One loaded index with everything a request needs from it."""
+
+    index: Index
+    embedder: Embedder
+    forward: nn.Module
+    """The embedder's model with its multi-scale step (the whitening is applied after)."""
+    rows: dict[str, int]
+    """Item id -> row of the index."""
+    loaded_utc: str
+
+    @property
+    def version(self) -> int | None:
+        """The index folder's version this snapshot holds."""
+        return self.index.info.get("version")
+
+    @property
+    def decode_min_side(self) -> int | None:
+        """The shorter side an upload's reduced JPEG decode must keep (as ``rankopt search`` decodes files)."""
+        return getattr(self.embedder.transform, "decode_min_side", None)
+
+    @torch.inference_mode()
+    def embed(self, images: torch.Tensor) -> torch.Tensor:
+        """``(B, 3, H, W)`` transformed images -> ``(B, D)`` embeddings, as :meth:`Embedder.embed` makes them."""
+        out = self.forward(images.to(self.embedder.device)).float().cpu()
+        return out if self.embedder.post is None else self.embedder.post.whiten(out)
+
+
+class IndexHolder:
+    """The served :class:`Snapshot` of the index folder ``directory``; :meth:`poll` reloads it on change."""
+
+    def __init__(self, directory: str | os.PathLike[str], *, checkpoint: str | os.PathLike[str] | None = None,
+                 onnx: str | os.PathLike[str] | None = None, device: str = "auto") -> None:
+        self.directory = Path(directory)
+        if checkpoint is not None and onnx is not None:
+            raise ValueError("give checkpoint or onnx, not both")
+        self._model, self._device = onnx or checkpoint, device
+        self._lock = threading.Lock()
+        self.last_error: str | None = None
+        """Why the last reload failed (cleared by a successful one)."""
+        self.current: Snapshot = self._load(None)
+
+    def _load(self, previous: Snapshot | None) -> Snapshot:
+        """The folder's index and embedder (the previous embedder kept when the fingerprint is the same)."""
+        index = Index.load(self.directory)
+        if previous is not None and previous.embedder.fingerprint == index.fingerprint:
+            embedder, forward = previous.embedder, previous.forward
+        else:
+            embedder = index.embedder_for(checkpoint=self._model, device=self._device, progress=False)
+            forward = embedder.model if embedder.post is None else embedder.post.wrap_model(embedder.model)
+        return Snapshot(index, embedder, forward.eval(), {item: row for row, item in enumerate(index.ids)},
+                        f"{datetime.now(timezone.utc):%Y-%m-%d %H:%M:%S UTC}")
+
+    def poll(self) -> bool | None:
+        """Reload when the folder's version differs from the served one: True (reloaded), False (failed:
+        :attr:`last_error` says why and the served snapshot stays), None (no change, or the same failure
+        again)."""
+        with self._lock:  # one reload at a time
+            try:
+                if storage.version(self.directory) == self.current.version:
+                    self.last_error = None
+                    return None
+                loaded = self._load(self.current)
+            except Exception as err:  # noqa: BLE001 - any failure keeps the served index; reported by /health
+                error = f"{type(err).__name__}: {err}"
+                if error == self.last_error:
+                    return None
+                self.last_error = error
+                return False
+            self.current, self.last_error = loaded, None
+            return True

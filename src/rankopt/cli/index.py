@@ -7,7 +7,11 @@ folder (``rankopt.search.Index``): exact search by default, ``--faiss SPEC`` (a 
 ``--dba K`` augments the indexed vectors with their neighbours. ``--metadata FILE.csv|.parquet`` (a ``path``
 column) adds metadata columns keyed by image path, besides a CSV dataset's own extra columns (its ``id``
 column gives the item ids). Change an index with ``index-add``/``index-remove``/``index-update``
-(``rankopt.cli.index_change``), export it with ``index-export``/``index-import``.
+(``rankopt.cli.index_change``), export it with ``index-export``/``index-import``. ``--backend qdrant`` keeps the
+vectors, ids and metadata in a Qdrant collection too (local mode in ``INDEX_DIR/qdrant``, or ``--qdrant-url``), which
+``search``, ``serve`` and the ``index-*`` changes then use (``rankopt.search.qdrant``). Under ``torchrun
+--nproc_per_node=N -m rankopt index ...`` each rank embeds a shard of the gallery and rank 0 saves the one index
+(``rankopt.search.sharded``).
 """
 
 from __future__ import annotations
@@ -31,6 +35,11 @@ def register(subparsers: Any) -> None:
                         help="similarity of the search (default: cosine)")
     parser.add_argument("--faiss", metavar="SPEC", help="faiss factory string, e.g. HNSW32 or IVF1024,PQ32 (default: exact)")
     parser.add_argument("--faiss-params", metavar="P", help="faiss search parameters, e.g. nprobe=32 or efSearch=128")
+    parser.add_argument("--backend", choices=("exact", "qdrant"), default="exact",
+                        help="qdrant: also keep a Qdrant collection, searched by search/serve (default: exact)")
+    parser.add_argument("--qdrant-url", metavar="URL", help="a Qdrant server or cluster (default: local mode in "
+                                                            "INDEX_DIR/qdrant)")
+    parser.add_argument("--qdrant-collection", metavar="NAME", help="the Qdrant collection (default: rankopt)")
     parser.add_argument("--batch-size", type=int, default=256, metavar="B", help="embedding batch size (256)")
     parser.add_argument("--device", default="auto", help="cpu, cuda, cuda:1, ... (default: auto)")
     parser.add_argument("--num-workers", type=int, default=0, metavar="W", help="DataLoader workers")
@@ -42,16 +51,28 @@ def register(subparsers: Any) -> None:
 def run(args: argparse.Namespace) -> int:
     from rankopt.cli._model import embedder_from_args
     from rankopt.cli._postprocess import postprocessing_from_args
-    from rankopt.search import Index
+    from rankopt.search import qdrant, sharded
     from rankopt.search.storage import check_target
 
+    if args.backend != "qdrant" and (args.qdrant_url or args.qdrant_collection):
+        raise ValueError("--qdrant-url/--qdrant-collection go with --backend qdrant")
+    if args.backend == "qdrant":  # before the embedding
+        qdrant.import_qdrant()
+        if args.faiss:
+            raise ValueError("--faiss and --backend qdrant: an index is searched through one of them")
     check_target(args.out)  # before the embedding: a user's folder is never overwritten
     gallery = source_from_args(args)
-    embedder = embedder_from_args(args, device=args.device, batch_size=args.batch_size, num_workers=args.num_workers,
+    place, device = sharded.start(args.device, cpu_gather=args.onnx is not None)  # torchrun: one shard per rank
+    embedder = embedder_from_args(args, device=device, batch_size=args.batch_size, num_workers=args.num_workers,
                                   progress=not args.no_progress)
     post = postprocessing_from_args(args, embedder.fingerprint)
-    index = Index.build(embedder, gallery, similarity=args.similarity, postprocessing=post, faiss=args.faiss,
-                        faiss_params=args.faiss_params, metadata=args.metadata, progress=not args.no_progress)
+    index = sharded.build(embedder, gallery, similarity=args.similarity, postprocessing=post, faiss=args.faiss,
+                          faiss_params=args.faiss_params, metadata=args.metadata, progress=not args.no_progress)
+    sharded.finish(place)
+    if index is None:  # another rank than 0: its shard is in rank 0's index
+        return 0
+    if args.backend == "qdrant":
+        qdrant.attach(index, url=args.qdrant_url, collection=args.qdrant_collection)
     folder = index.save(args.out)
     print(summary(index))
     print(f"saved {folder}")

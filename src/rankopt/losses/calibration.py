@@ -13,7 +13,8 @@ METHODS = ("auto", "compiled", "torch")
 """How ``per_query`` runs: ``"compiled"`` (CPU: one numba pass over the scores forward, one backward),
 ``"torch"`` (chunked tensor expressions, any device: the reference) or ``"auto"`` (compiled on CPU)."""
 CHUNK_ELEMENTS = 1 << 18
-"""Scores per chunk of the per-query hinges (rows of ``M``): their temporaries stay in cache."""
+"""Scores per chunk of the torch path's hinges on CPU (rows of ``M``): their temporaries stay in cache. On a
+GPU a chunk is ``max_elements`` scores: small chunks would cost a kernel launch each."""
 
 
 @LOSSES.register("calibration")
@@ -52,13 +53,14 @@ class CalibrationLoss(RankLoss):
             return _mean_nonzero(pos_loss) + _mean_nonzero(neg_loss)
         num_pos = batch.num_positives
         counts = torch.stack([num_pos, batch.num_members - num_pos], dim=1).clamp(min=1).to(batch.scores.dtype)
-        compiled = batch.scores.device.type == "cpu"
-        if self.method == "compiled" and not compiled:
+        on_cpu = batch.scores.device.type == "cpu"
+        if self.method == "compiled" and not on_cpu:
             raise ValueError(f"method='compiled' needs CPU scores, got {batch.scores.device}")
-        if compiled and self.method != "torch":
+        if on_cpu and self.method != "torch":
             per_query = _CompiledHinges.apply(batch.scores, batch.levels, batch.valid, counts, self.alpha, self.beta)
         else:
-            rows = max(1, min(self.max_elements, CHUNK_ELEMENTS) // max(1, batch.scores.shape[1]))
+            limit = min(self.max_elements, CHUNK_ELEMENTS) if on_cpu else self.max_elements
+            rows = max(1, limit // max(1, batch.scores.shape[1]))
             per_query = rowwise_with_gradient(self._hinges, batch.scores, batch.levels, batch.valid, counts, rows=rows)
         return self.average_over_queries(per_query, num_pos > 0)
 

@@ -37,7 +37,7 @@ from rankopt import checks
 from rankopt.engine.logging import echo
 from rankopt.metrics.search import chunked_topk
 from rankopt.postprocess import MULTISCALE_KEY, Expansion, PostProcessing, alpha_query_expansion, database_augmentation
-from rankopt.search import approximate, storage
+from rankopt.search import approximate, qdrant, storage
 from rankopt.search.embedder import Embedder, ImageSource, as_dataset, base_preprocessing
 from rankopt.search.items import Items, changed_files, crop_dataset, dataset_items
 from rankopt.search.labels import (default_level_names, dataset_label_names, label_texts, labels_of_paths,
@@ -82,6 +82,8 @@ class Index:
         self.embedder = embedder
         self.post = post
         """The multi-scale and whitening steps of the embedding pipeline (applied to image queries too)."""
+        self.folder: Path | None = None
+        """The folder it was loaded from or last saved to (a Qdrant collection is searched once it is set)."""
 
     # ------------------------------------------------------------------ construction
     @classmethod
@@ -207,7 +209,9 @@ class Index:
 
     @property
     def backend(self) -> str:
-        """``"exact"`` or ``"faiss <spec>"``."""
+        """``"exact"``, ``"faiss <spec>"`` or ``"qdrant <collection> (<where>)"``."""
+        if self.info.get("qdrant"):
+            return qdrant.describe(self.info["qdrant"])
         return f"faiss {self.info['faiss']['spec']}" if self.faiss_index is not None else "exact"
 
     def __repr__(self) -> str:
@@ -270,6 +274,8 @@ class Index:
                                      f"k={k} capped to {kept}: the filter keeps {keep.size} of {len(self)} items")
         if kept == 0:  # the filter keeps nothing
             scores, rows = torch.empty((q.shape[0], 0)), torch.empty((q.shape[0], 0), dtype=torch.long)
+        elif self.info.get("qdrant") and self.folder is not None:  # exact, the filter as a payload filter
+            scores, rows = qdrant.search(self, q, kept, filter, keep)
         elif self.faiss_index is not None and keep is None:
             scores, rows = approximate.search(self.faiss_index, q, kept, self.similarity)
         else:
@@ -428,14 +434,15 @@ class Index:
         info = {"format": storage.FORMAT, "format_version": storage.FORMAT_VERSION, "rankopt_version": __version__,
                 "fingerprint": self.fingerprint, "preprocessing": self.preprocessing, "similarity": self.similarity,
                 "dim": self.dim, "count": len(self), "checkpoint": self.info.get("checkpoint"),
-                "model": self.info.get("model"), "faiss": self.info.get("faiss"), "dba": self.info.get("dba"),
-                "created_utc": self.info.get("created_utc"), "threshold": self.threshold,
+                "model": self.info.get("model"), "faiss": self.info.get("faiss"), "qdrant": self.info.get("qdrant"),
+                "dba": self.info.get("dba"), "created_utc": self.info.get("created_utc"), "threshold": self.threshold,
                 "next_id": self.items.next_id, "metadata_columns": sorted(self.metadata)}
         items = {**self.items.to_json(), "level_names": list(self.level_names), "label_names": self.label_names}
         whitening = None if self.post is None else self.post.whitening
-        folder = storage.write(directory, storage.StoredIndex(self.embeddings, self.labels, info, items,
-                                                              self.faiss_index, whitening))
-        self.info["version"] = storage.version(folder)
+        with qdrant.kept_in_step(self, directory):  # a Qdrant collection synced after the folder is written
+            folder = storage.write(directory, storage.StoredIndex(self.embeddings, self.labels, info, items,
+                                                                  self.faiss_index, whitening))
+            self.info["version"], self.folder = storage.version(folder), folder
         return folder
 
     @classmethod
@@ -455,15 +462,17 @@ class Index:
                     raise ValueError(f"{items_json}: {len(names)} label names at level "
                                      f"{level} but {storage.EMBEDDINGS} uses label {largest}")
         items = Items.from_json(stored.items, stored.labels.shape[0], stored.info.get("next_id"), str(items_json))
-        info = {key: stored.info.get(key) for key in ("checkpoint", "model", "faiss", "dba", "created_utc", "threshold",
-                                                      "version")}
+        info = {key: stored.info.get(key) for key in ("checkpoint", "model", "faiss", "qdrant", "dba", "created_utc",
+                                                      "threshold", "version")}
         preprocessing = stored.info.get("preprocessing") or {}
         scales = preprocessing.get(MULTISCALE_KEY)
         post = (PostProcessing(tuple(scales) if scales else None, stored.whitening)
                 if scales or stored.whitening is not None else None)
-        return cls(stored.embeddings, stored.labels, items, fingerprint=stored.info["fingerprint"],
-                   preprocessing=preprocessing, similarity=stored.info["similarity"], level_names=level_names,
-                   label_names=label_names, faiss_index=stored.faiss_index, info=info, post=post)
+        index = cls(stored.embeddings, stored.labels, items, fingerprint=stored.info["fingerprint"],
+                    preprocessing=preprocessing, similarity=stored.info["similarity"], level_names=level_names,
+                    label_names=label_names, faiss_index=stored.faiss_index, info=info, post=post)
+        index.folder = Path(directory)
+        return index
 
     @classmethod
     @contextlib.contextmanager

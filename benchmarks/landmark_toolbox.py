@@ -47,6 +47,7 @@ from rankopt.files import write_text_atomic
 from rankopt.models.multiscale import DEFAULT_SCALES
 from rankopt.postprocess import Expansion, PostProcessing, fit_pca_whitening, fit_supervised_whitening
 from rankopt.report.stats import paired_difference, summarize
+from rankopt.runtime import keep_allocations
 
 RESULTS = Path(__file__).resolve().parent / "results"
 DATA = {
@@ -223,6 +224,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=RESULTS / "landmark_toolbox")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
+    keep_allocations()  # as every rankopt command does (rankopt.runtime)
     start = time.perf_counter()
 
     sections = []

@@ -51,7 +51,8 @@ class HAPLoss(SupRankLoss):
             h_rank_plus = torch.zeros_like(rel)
             for m in range(num_levels):
                 h_rank_plus.addcmul_(torch.minimum(rel, rel_of_level[:, m : m + 1]), counts[..., m])
-        ratio = torch.where(pivots.present, h_rank_plus / (rank_plus + rank_minus), torch.zeros_like(rank_minus))
+        # padding divides by 1: a 0 / 0 there, even unselected by a where, would give a NaN gradient
+        ratio = h_rank_plus * pivots.present / torch.where(pivots.present, rank_plus + rank_minus, torch.ones_like(rank_minus))
         return 1.0 - ratio.sum(1) / rel.sum(1).clamp(min=torch.finfo(rel.dtype).tiny)
 
     def extra_repr(self) -> str:

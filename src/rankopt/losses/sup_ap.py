@@ -6,7 +6,7 @@ import torch
 
 from rankopt.losses.base import RankLoss, RetrievalSet
 from rankopt.losses.registry import LOSSES
-from rankopt.rank.surrogates import Pivots, default_delta, has_lower_item, lowest_levels, row_counts, sup_negative_rank
+from rankopt.rank.surrogates import SUM_METHODS, Pivots, default_delta, has_lower_item, lowest_levels, row_counts, sup_negative_rank
 
 STEP_COUNTS = ("sorted", "pairwise")
 """How the exact step parts are counted: ``"sorted"`` (each row's pivots sorted once, per-level
@@ -21,17 +21,22 @@ class SupRankLoss(RankLoss):
     ``delta = tau ln((1 - eps) / eps)`` with ``eps = 1e-2`` (~0.0459), ``start = 0.5``.
     ``step_counts``: one of :data:`STEP_COUNTS` (same values and gradients; ``"sorted"`` costs
     ``O(P log P + P L + A M)`` per query for ``A`` pivots with a less relevant item, ``"pairwise"`` ``O(P^2 + P M)``).
+    ``method``: how the step and linear terms of ``H^-`` are summed (:data:`~rankopt.rank.surrogates.SUM_METHODS`:
+    ``"compiled"`` from sorted pivots on CPU, ``"torch"`` dense, the reference; same values and gradients).
     """
 
     def __init__(
-        self, *, tau: float = 0.01, rho: float = 100.0, delta: float | None = None, start: float = 0.5, step_counts: str = "sorted", **kwargs
+        self, *, tau: float = 0.01, rho: float = 100.0, delta: float | None = None, start: float = 0.5, step_counts: str = "sorted",
+        method: str = "auto", **kwargs
     ) -> None:
         super().__init__(**kwargs)
         if tau <= 0 or rho < 0:
             raise ValueError(f"need tau > 0 and rho >= 0, got tau={tau}, rho={rho}")
         if step_counts not in STEP_COUNTS:
             raise ValueError(f"unknown step_counts {step_counts!r}; use one of {', '.join(STEP_COUNTS)}")
-        self.tau, self.rho, self.start, self.step_counts = float(tau), float(rho), float(start), step_counts
+        if method not in SUM_METHODS:
+            raise ValueError(f"unknown method {method!r}; use one of {', '.join(SUM_METHODS)}")
+        self.tau, self.rho, self.start, self.step_counts, self.method = float(tau), float(rho), float(start), step_counts, method
         self.delta = default_delta(tau) if delta is None else float(delta)
         if self.delta < 0:
             raise ValueError(f"delta must be >= 0, got {delta}")
@@ -46,7 +51,7 @@ class SupRankLoss(RankLoss):
     def ranks(self, scores: torch.Tensor, levels: torch.Tensor, valid: torch.Tensor, num_levels: int) -> tuple[Pivots, torch.Tensor, torch.Tensor]:
         """The positives of each row with their exact ``rank^+`` and smooth ``rank_s^-``, ``(C, P)``."""
         pivots = Pivots(scores, levels, valid)
-        kernel = dict(tau=self.tau, rho=self.rho, delta=self.delta, start=self.start)
+        kernel = dict(tau=self.tau, rho=self.rho, delta=self.delta, start=self.start, method=self.method)
         if self.step_counts == "pairwise":
             masks, group = pivots.lower_masks(levels, valid, num_levels)
             return pivots, pivots.pairwise_positive_rank(), sup_negative_rank(scores, pivots, masks, group, **kernel)
@@ -58,6 +63,7 @@ class SupRankLoss(RankLoss):
 
     def extra_repr(self) -> str:
         steps = "" if self.step_counts == "sorted" else f", step_counts={self.step_counts!r}"
+        steps += "" if self.method == "auto" else f", method={self.method!r}"
         return f"tau={self.tau}, rho={self.rho}, delta={self.delta:.4g}, start={self.start}{steps}, " + super().extra_repr()
 
 
@@ -72,5 +78,6 @@ class SupAPLoss(SupRankLoss):
 
     def query_terms(self, scores: torch.Tensor, levels: torch.Tensor, valid: torch.Tensor, num_levels: int) -> torch.Tensor:
         pivots, rank_plus, rank_minus = self.ranks(scores, levels, valid, num_levels)
-        ratio = torch.where(pivots.present, rank_plus / (rank_plus + rank_minus), torch.zeros_like(rank_minus))
+        # padding divides by 1: a 0 / 0 there, even unselected by a where, would give a NaN gradient
+        ratio = rank_plus * pivots.present / torch.where(pivots.present, rank_plus + rank_minus, torch.ones_like(rank_minus))
         return 1.0 - ratio.sum(1) / pivots.present.sum(1).clamp(min=1)

@@ -148,3 +148,22 @@ def test_padded_columns_and_row_counts(density):
     torch.testing.assert_close(S.row_counts(mask), counts)
     wide = torch.rand(5, S.KERNEL_BLOCK // 2 + 1, generator=g) < density  # two rows per block: three blocks
     torch.testing.assert_close(S.row_counts(wide), wide.sum(1))
+
+
+def test_roadmap_method_reaches_both_terms_and_both_paths_agree():
+    """``method`` is named by Sup-AP and calibration alike: ``build("roadmap", method=...)`` sets it on both, and the
+    compiled and torch paths of the whole combination give the same value and gradient."""
+    import rankopt.losses as L
+
+    x = torch.randn(24, 8, generator=torch.Generator().manual_seed(3))
+    labels = torch.arange(24) // 3
+    results = []
+    for method in ("compiled", "torch"):
+        loss = L.build("roadmap", method=method)
+        assert loss.rank_loss.method == method and loss.decomposability_loss.method == method
+        xg = x.clone().requires_grad_(True)
+        value = loss(xg, labels)
+        value.backward()
+        results.append((value.detach(), xg.grad))
+    torch.testing.assert_close(results[0][0], results[1][0], rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(results[0][1], results[1][1], rtol=1e-4, atol=1e-6)

@@ -79,9 +79,11 @@ class ROD(nn.Module):
 
 def _split_kwargs(rank_cls: type, dg_cls: type, kwargs: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
     """Route keyword arguments: those named in ``dg_cls.__init__`` (or its ``RankLoss`` base) go to it,
-    the others to the rank loss; shared base options (``similarity``, ``include_self``, ``max_elements``) go to both."""
-    shared = {"similarity", "include_self", "max_elements"}
+    the others to the rank loss; shared base options (``similarity``, ``include_self``, ``max_elements``) and
+    options both classes name (``method`` of Sup-AP and calibration) go to both."""
     dg_names = set(inspect.signature(dg_cls.__init__).parameters) - {"self", "kwargs"}
+    rank_names = set(inspect.signature(rank_cls.__init__).parameters) - {"self", "kwargs"}
+    shared = {"similarity", "include_self", "max_elements"} | (dg_names & rank_names)
     rank_kw = {k: v for k, v in kwargs.items() if k not in dg_names or k in shared}
     dg_kw = {k: v for k, v in kwargs.items() if k in dg_names or k in shared}
     return rank_kw, dg_kw

@@ -26,6 +26,7 @@ import torch
 
 from rankopt.export import OnnxNet, export_onnx, row_cosines
 from rankopt.models import create_model
+from rankopt.runtime import keep_allocations
 
 REPO = Path(__file__).resolve().parents[1]
 SETUPS = (("mobilenet_v2", {"transform": "test", "image_size": 128}),
@@ -57,6 +58,7 @@ def main() -> int:
     runs = args.runs or (3 if args.quick else 20)
     warmup = 1 if args.quick else 3
     torch.set_num_threads(args.threads)
+    keep_allocations()  # PyTorch as every rankopt command runs it (rankopt.runtime)
     import onnxruntime
 
     rows = []

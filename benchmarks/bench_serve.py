@@ -44,6 +44,7 @@ import torch
 
 from rankopt.data.base import load_image
 from rankopt.engine.convert import convert_released_weights, write_converted
+from rankopt.runtime import keep_allocations
 from rankopt.search import Embedder, Index
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -170,8 +171,8 @@ def table(args: argparse.Namespace, info: dict, speed: dict, rows: list[dict]) -
         f"- command: `python benchmarks/bench_serve.py {' '.join(info['argv'])}`",
         f"- machine: {platform.machine()}, {os.cpu_count()} CPU cores, torch {torch.__version__} "
         f"({torch.get_num_threads()} threads), Python {platform.python_version()}; {info['date']}; load average "
-        f"(1 min) {info['load_start']:.1f} at the start, {info['load_end']:.1f} at the end: **a shared machine**, "
-        "other jobs were running (every rate is lower and every latency higher when it is busy)",
+        f"(1 min) {info['load_start']:.1f} at the start, {info['load_end']:.1f} at the end (the benchmark's own clients "
+        "and server count in it; on a busy machine every rate is lower and every latency higher)",
         f"- index: {info['items']} Caltech-101 JPEGs ({args.classes} classes), MobileNetV2 released weights, "
         f"test preset at {args.image_size} px, {info['dim']}-d, exact search; queries: {info['queries']} other "
         f"JPEGs of those classes, uploaded as files; `k=10`",
@@ -216,6 +217,7 @@ def main() -> None:
                                                              "table, writes no file unless --out)")
     parser.add_argument("--out", type=Path, help="default: benchmarks/results/serve_load.md")
     args = parser.parse_args()
+    keep_allocations()  # the model alone runs as in `rankopt serve` (rankopt.runtime)
     if args.quick:
         args.classes, args.per_class, args.seconds, args.forward_runs = 3, 10, 5.0, 5
     if not args.root or not Path(args.root).is_dir() or not args.weights or not Path(args.weights).is_file():

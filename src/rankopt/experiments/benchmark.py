@@ -83,11 +83,12 @@ BENCHMARKS: dict[str, Benchmark] = {
                           LOSSES),
     # ImageNet-pretrained MobileNetV2 fine-tuned on Caltech-101's first 50 classes (recipe caltech101), every loss
     # under identical settings; reference rows: the pretrained features as they are, and ROADMAP from random weights
+    # (every stage trained, BatchNorm statistics updated: frozen statistics of random weights normalise nothing)
     "caltech101": Benchmark(
         "caltech101", ("train.epochs=3", "train.max_steps_per_epoch=1", "data.image_size=64", "output.map_points=300"),
         {"pretrained": (*_PRETRAINED, *_RELEASED),
          **{loss: (f"loss.name={loss}", *_PRETRAINED) for loss in PHOTO_LOSSES},
-         "roadmap_random_init": ("loss.name=roadmap", "model.pretrained=false", "model.freeze=[]")},
+         "roadmap_random_init": ("loss.name=roadmap", "model.pretrained=false", "model.freeze=[]", "model.freeze_bn=false")},
         group_by=("name",), weights_env="RANKOPT_WEIGHTS_MOBILENETV2", root_env="RANKOPT_CALTECH101",
         tuning_rows=("roadmap", "smooth_ap"), lrs=(1e-5, 3e-5, 1e-4)),
     # Smooth-AP §6.3 in miniature: the released MobileFaceNet (CASIA-WebFace) zero-shot on the test identities of

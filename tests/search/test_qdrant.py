@@ -53,10 +53,14 @@ def saved(tmp_path, similarity: str, **attach) -> tuple[Index, np.ndarray]:
 @pytest.fixture
 def no_fallback(monkeypatch):
     """Fail if a query is answered by the local exact fallback instead of the collection."""
-    def refuse(*args, **kwargs):
-        raise AssertionError("answered by the local fallback, not by Qdrant")
+    answer = qdrant.search
 
-    monkeypatch.setattr(qdrant, "_exact", refuse)
+    def refuse_fallback(*args, **kwargs):
+        hits = answer(*args, **kwargs)
+        assert hits is not None, "answered by the local exact search, not by Qdrant"
+        return hits
+
+    monkeypatch.setattr(qdrant, "search", refuse_fallback)
 
 
 def points(index: Index) -> int:

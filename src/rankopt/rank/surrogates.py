@@ -29,10 +29,10 @@ import math
 import torch
 
 KERNEL_BLOCK = 1 << 20
+"""Elements of one ``(rows, P, M)`` block of the fused kernels (4 MiB of float32 per buffer, two buffers)."""
 GPU_KERNEL_BLOCK = 1 << 26
 """Elements of one block on a GPU: a block costs a kernel launch per pass, so GPUs take blocks 64x larger
 (256 MiB of float32 per buffer) than the CPU's cache-sized ones."""
-"""Elements of one ``(rows, P, M)`` block of the fused kernels (4 MiB of float32 per buffer, two buffers)."""
 
 
 def heaviside(t: torch.Tensor) -> torch.Tensor:

@@ -272,10 +272,12 @@ class Index:
         kept = min(k, candidates)
         note = "" if kept == k else (f"k={k} capped to {kept}: the index holds {len(self)} items" if keep is None else
                                      f"k={k} capped to {kept}: the filter keeps {keep.size} of {len(self)} items")
+        # exact, the filter as a payload filter; None: the collection holds another version (exact search here)
+        hits = qdrant.search(self, q, kept, filter) if kept and self.info.get("qdrant") and self.folder else None
         if kept == 0:  # the filter keeps nothing
             scores, rows = torch.empty((q.shape[0], 0)), torch.empty((q.shape[0], 0), dtype=torch.long)
-        elif self.info.get("qdrant") and self.folder is not None:  # exact, the filter as a payload filter
-            scores, rows = qdrant.search(self, q, kept, filter, keep)
+        elif hits is not None:
+            scores, rows = hits
         elif self.faiss_index is not None and keep is None:
             scores, rows = approximate.search(self.faiss_index, q, kept, self.similarity)
         else:

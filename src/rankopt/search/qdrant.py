@@ -35,11 +35,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
 import torch
 
 from rankopt.files import write_text_atomic
-from rankopt.metrics.search import chunked_topk
 from rankopt.search.labels import label_texts
 from rankopt.search.metadata import LABEL_KEY, Filter, conditions, text
 
@@ -220,14 +218,14 @@ def payload_filter(filter: Filter | None) -> Any:
                                for key, accepted in conditions(filter).items()])
 
 
-def search(index: Index, queries: torch.Tensor, k: int, filter: Filter | None = None,
-           keep: np.ndarray | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+def search(index: Index, queries: torch.Tensor, k: int, filter: Filter | None = None
+           ) -> tuple[torch.Tensor, torch.Tensor] | None:
     """``(scores, rows)`` ``(Q, k)`` of ``index``'s collection, exact, in rankopt's score convention; ``filter``
-    becomes a payload filter keeping the rows ``keep`` (:meth:`Index.search`'s filter mask). When the collection
-    does not hold ``index``'s version (see the module docstring), ``index``'s vectors are searched exactly here."""
+    becomes a payload filter. ``None`` when the collection does not hold ``index``'s version (see the module
+    docstring): :meth:`Index.search` then searches the loaded vectors exactly."""
     version = index.info.get("version")
     if synced_version(index.folder) != version:
-        return _exact(index, queries, k, keep)
+        return None
     models = import_qdrant().models
     location = Location.of(index.info["qdrant"], index.folder)
     query_filter = payload_filter(filter)
@@ -237,14 +235,9 @@ def search(index: Index, queries: torch.Tensor, k: int, filter: Filter | None = 
     with location.client() as client:
         responses = client.query_batch_points(location.collection, requests=requests)
     if synced_version(index.folder) != version:  # a save began during the query
-        return _exact(index, queries, k, keep)
+        return None
     rows_of = {item: row for row, item in enumerate(index.ids)}
     rows = torch.tensor([[rows_of[p.payload["id"]] for p in response.points] for response in responses], dtype=torch.long)
     scores = torch.tensor([[p.score for p in response.points] for response in responses], dtype=torch.float32)
     return (-scores if index.similarity == "neg_l2" else scores), rows
 
-
-def _exact(index: Index, queries: torch.Tensor, k: int, keep: np.ndarray | None) -> tuple[torch.Tensor, torch.Tensor]:
-    keep = np.arange(len(index)) if keep is None else keep
-    scores, rows = chunked_topk(queries.float(), index.embeddings[torch.from_numpy(keep)], k, similarity=index.similarity)
-    return scores, torch.from_numpy(keep)[rows]

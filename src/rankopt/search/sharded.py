@@ -39,9 +39,8 @@ def build(embedder: Embedder, source: ImageSource, *, postprocessing: PostProces
           **options: Any) -> Index | None:
     """:meth:`Index.build` with the embedding sharded over the ranks (see the module docstring): the index on
     rank 0, ``None`` on the others (they only embed their shard). ``options``: :meth:`Index.build`'s."""
-    if not torch.distributed.is_available() or not torch.distributed.is_initialized():
-        return Index.build(embedder, source, postprocessing=postprocessing, **options)
-    if torch.distributed.get_rank() == 0:
+    sharded = torch.distributed.is_available() and torch.distributed.is_initialized()
+    if not sharded or torch.distributed.get_rank() == 0:
         return Index.build(embedder, source, postprocessing=postprocessing, **options)
     embedder = embedder.with_postprocessing(postprocessing)
     embedder.embed(as_dataset(source, embedder.transform, class_tree=True))  # this rank's shard, then the gather

@@ -11,7 +11,7 @@ index served on 127.0.0.1, next to the model's own forward speed measured in the
     forward (median of ``--forward-runs``) and the batched forward at batch 16 and 32 (images/s), on
     images already decoded and transformed.
 (3) ``rankopt serve`` in its own process on a free loopback port (defaults: micro-batches of up to 32,
-    2 ms wait). For each level of concurrency, that many clients (asyncio tasks of this process, one
+    a 2 ms wait for uploads still being decoded). For each level of concurrency, that many clients (asyncio tasks of this process, one
     keep-alive connection each) loop on ``POST /search?k=10`` multipart uploads for ``--seconds`` or
     ``--max-requests`` uploads per client, whichever comes first, then stop: throughput, p50/p99
     latency, errors (status other than 200, or no answer), the mean images per forward (from
@@ -45,6 +45,7 @@ import torch
 from rankopt.data.base import load_image
 from rankopt.engine.convert import convert_released_weights, write_converted
 from rankopt.runtime import keep_allocations
+from rankopt.serve.metrics import STAGES
 from rankopt.search import Embedder, Index
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -102,11 +103,24 @@ def resident_mib(pid: int) -> float:
     raise RuntimeError(f"no VmRSS for process {pid}")
 
 
-def batch_totals(url: str) -> tuple[float, float]:
-    """(images embedded, forward passes) so far, from the server's /metrics."""
+def server_totals(url: str) -> dict[str, float]:
+    """Running totals from the server's /metrics: ``images`` embedded and ``forwards``, and each stage's
+    ``<stage>_sum`` (seconds) and ``<stage>_count``."""
     text = httpx.get(f"{url}/metrics", timeout=30).text
-    value = {name: float(v) for name, v in re.findall(r"^(rankopt_serve_batch_images_(?:sum|count)) (\S+)$", text, re.M)}
-    return value["rankopt_serve_batch_images_sum"], value["rankopt_serve_batch_images_count"]
+    totals = {f"{stage}_{kind}": float(value) for kind, stage, value in
+              re.findall(r'^rankopt_serve_stage_seconds_(sum|count)\{stage="(\w+)"\} (\S+)$', text, re.M)}
+    batch = dict(re.findall(r"^rankopt_serve_batch_images_(sum|count) (\S+)$", text, re.M))
+    totals.update(images=float(batch["sum"]), forwards=float(batch["count"]))
+    return totals
+
+
+def stage_means(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
+    """Mean milliseconds of each stage between two :func:`server_totals`."""
+    means = {}
+    for stage in STAGES:
+        count = after[f"{stage}_count"] - before[f"{stage}_count"]
+        means[stage] = 1000 * (after[f"{stage}_sum"] - before[f"{stage}_sum"]) / count if count else float("nan")
+    return means
 
 
 async def load(url: str, uploads: list[tuple[str, bytes]], clients: int, seconds: float, max_requests: int) -> dict:
@@ -176,8 +190,8 @@ def table(args: argparse.Namespace, info: dict, speed: dict, rows: list[dict]) -
         f"- index: {info['items']} Caltech-101 JPEGs ({args.classes} classes), MobileNetV2 released weights, "
         f"test preset at {args.image_size} px, {info['dim']}-d, exact search; queries: {info['queries']} other "
         f"JPEGs of those classes, uploaded as files; `k=10`",
-        f"- server: `rankopt serve INDEX --port P` (defaults: micro-batches of up to 32, 2 ms wait, reload check "
-        "every second) on 127.0.0.1; clients: asyncio tasks of the benchmark process (same machine), one "
+        f"- server: `rankopt serve INDEX --port P` (defaults: micro-batches of up to 32, a 2 ms wait for uploads "
+        "still being decoded, reload check every second) on 127.0.0.1; clients: asyncio tasks of the benchmark process (same machine), one "
         f"keep-alive connection each, {args.seconds:g} s or {args.max_requests} uploads per client per level",
         "", "## The model alone (same run, before the server started)", "",
         "| measure | value |", "|---|---|",
@@ -191,6 +205,11 @@ def table(args: argparse.Namespace, info: dict, speed: dict, rows: list[dict]) -
     ]
     lines += [f"| {r['clients']} | {r['requests']} | {r['errors']} | {r['per_s']:.2f} | {r['p50_ms']:.1f} | "
               f"{r['p99_ms']:.1f} | {r['batch_mean']:.2f} | {r['rss_before']:.0f} | {r['rss_after']:.0f} |" for r in rows]
+    lines += ["", "Where a query's time goes inside the server (mean ms, from `/metrics`: decode on a request thread; "
+              "queue: waiting for the torch thread; transform per image, forward per batch and search per query "
+              "(right after its batch's forward), on the torch thread):", "",
+              "| clients | " + " | ".join(STAGES) + " |", "|---|" + "---|" * len(STAGES)]
+    lines += [f"| {r['clients']} | " + " | ".join(f"{r['stages'][stage]:.1f}" for stage in STAGES) + " |" for r in rows]
     ratio = many["per_s"] / speed["batch16_per_s"]
     lines += ["", "## Goals", "",
               f"- p50 with one client {one['p50_ms']:.1f} ms vs single-image forward + 15 ms = {p50_goal:.1f} ms: "
@@ -244,15 +263,16 @@ def main() -> None:
             asyncio.run(load(url, uploads, 1, min(5.0, args.seconds), 20))  # warm-up
             rows = []
             for clients in LEVELS:
-                rss_before, (images0, batches0) = resident_mib(process.pid), batch_totals(url)
+                rss_before, before = resident_mib(process.pid), server_totals(url)
                 row = asyncio.run(load(url, uploads, clients, args.seconds, args.max_requests))
-                images1, batches1 = batch_totals(url)
+                after = server_totals(url)
                 row.update(clients=clients, rss_before=rss_before, rss_after=resident_mib(process.pid),
-                           batch_mean=(images1 - images0) / max(batches1 - batches0, 1))
+                           batch_mean=(after["images"] - before["images"]) / max(after["forwards"] - before["forwards"], 1),
+                           stages=stage_means(before, after))
                 rows.append(row)
                 print(f"{clients:>2} clients: {row['per_s']:.2f} req/s, p50 {row['p50_ms']:.1f} ms, p99 "
-                      f"{row['p99_ms']:.1f} ms, errors {row['errors']}, {row['batch_mean']:.2f} images per forward",
-                      flush=True)
+                      f"{row['p99_ms']:.1f} ms, errors {row['errors']}, {row['batch_mean']:.2f} images per forward; "
+                      + ", ".join(f"{stage} {ms:.1f} ms" for stage, ms in row["stages"].items()), flush=True)
         finally:
             process.terminate()
             process.wait(timeout=60)

@@ -64,6 +64,14 @@ def test_metrics_count_requests_errors_latency_batches_and_items(client):
     assert m[("rankopt_serve_batch_images_count", frozenset())] == 3
     assert m[("rankopt_serve_batch_images_sum", frozenset())] == 3
     assert m[("rankopt_serve_index_items", frozenset())] == 12
+    # stages: 5 uploads decoded (2 failed, not timed), 3 queued, transformed and searched, 3 forwards of one image
+    expected = {"decode": 3, "queue": 3, "transform": 3, "forward": 3, "search": 3}
+    for stage, count in expected.items():
+        labels = frozenset({("stage", stage)})
+        assert m[("rankopt_serve_stage_seconds_count", labels)] == count, stage
+        assert m[("rankopt_serve_stage_seconds_sum", labels)] > 0, stage
+    total = m[("rankopt_serve_request_duration_seconds_sum", frozenset({route}))]
+    assert sum(m[("rankopt_serve_stage_seconds_sum", frozenset({("stage", s)}))] for s in expected) < total
 
 
 def test_concurrent_uploads_are_embedded_together_with_the_same_answers(make_client):
@@ -78,6 +86,58 @@ def test_concurrent_uploads_are_embedded_together_with_the_same_answers(make_cli
         assert_same_results(answer.json()["results"], results)
     batches = batched.app.state.service.metrics.batches
     assert batches.sum == len(images) and sum(batches.counts) < len(images)  # fewer forwards than images
+
+
+def test_every_torch_operation_runs_on_the_torch_thread(make_client, monkeypatch):
+    """Transforms, forwards and searches all run on the batcher's thread (torch ops from a second thread start
+    a second OpenMP team that spins against the forward's); the request threads only decode."""
+    from rankopt.serve.app import Service
+    from rankopt.serve.holder import Snapshot
+
+    threads: dict[str, set[str]] = {"transform": set(), "embed": set(), "search": set()}
+
+    def recorded(name, fn):
+        def call(*args, **kwargs):
+            threads[name].add(threading.current_thread().name)
+            return fn(*args, **kwargs)
+        return call
+
+    monkeypatch.setattr(Snapshot, "transform", recorded("transform", Snapshot.transform))
+    monkeypatch.setattr(Snapshot, "embed", recorded("embed", Snapshot.embed))
+    monkeypatch.setattr(Service, "_search", staticmethod(recorded("search", Service._search)))
+    client = make_client(max_wait_ms=50)
+    images = [image_bytes(colour) for colour in ((200, 30, 30), (30, 200, 30), (30, 30, 200))]
+    with ThreadPoolExecutor(len(images)) as pool:
+        answers = list(pool.map(lambda data: upload(client, data), images))
+    assert [answer.status_code for answer in answers] == [200] * len(images)
+    assert client.post("/search", json={"id": cli_ids(answers[0])[0], "k": 2}).status_code == 200
+    names = set().union(*threads.values())
+    assert all(threads.values()) and len(names) == 1 and names.pop().startswith("rankopt-torch"), threads
+
+
+def cli_ids(answer) -> list[str]:
+    return [record["id"] for record in answer.json()["results"]]
+
+
+def test_a_failing_transform_fails_its_own_request_only(make_client, monkeypatch):
+    from rankopt.serve.holder import Snapshot
+    from rankopt.serve.limits import ApiError
+
+    transform = Snapshot.transform
+
+    def picky(self, image):
+        if image.getpixel((0, 0)) == (1, 2, 3):
+            raise ApiError(422, "this image cannot be transformed")
+        return transform(self, image)
+
+    monkeypatch.setattr(Snapshot, "transform", picky)
+    client = make_client(max_wait_ms=200, max_batch=8)
+    images = [image_bytes((1, 2, 3)), image_bytes((200, 30, 30)), image_bytes((30, 200, 30))]
+    with ThreadPoolExecutor(len(images)) as pool:
+        answers = list(pool.map(lambda data: upload(client, data), images))
+    assert answers[0].status_code == 422 and "cannot be transformed" in answers[0].json()["error"]
+    assert [answer.status_code for answer in answers[1:]] == [200, 200]
+    assert client.get("/health").status_code == 200
 
 
 def _grown(index_dir, extra: int = 2) -> Index:

@@ -36,7 +36,7 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--max-k", type=int, default=1000, metavar="K", help="largest k a query may ask (1000)")
     parser.add_argument("--max-batch", type=int, default=32, metavar="B", help="images per forward pass (32)")
     parser.add_argument("--batch-wait-ms", type=float, default=2.0, metavar="MS",
-                        help="how long a forward waits for more images once one is queued (2)")
+                        help="how long a forward waits for uploads still being decoded, once one image is queued (2)")
     parser.add_argument("--reload-every", type=float, default=1.0, metavar="S",
                         help="seconds between checks of the index folder for changes (1; 0: never)")
     parser.add_argument("--cors", action="append", default=[], metavar="ORIGIN",

@@ -64,8 +64,9 @@ STATIC = "static"
 class Settings:
     """``token``: required as a bearer token when set; ``cors_origins``: origins allowed by CORS (none:
     off); ``max_batch`` / ``max_wait_ms``: micro-batching (:class:`~rankopt.serve.batcher.MicroBatcher`);
-    ``reload_every_s``: how often the index folder's stamp is polled (0: never); ``threads``: torch
-    threads of the forward (default: torch's); ``workers``: threads decoding uploads and searching."""
+    ``reload_every_s``: how often the index folder's stamp is polled (0: never); ``threads``: intra-op threads
+    of the torch thread (transforms, forwards, searches; default: torch's); ``workers``: threads decoding uploads
+    and thumbnails."""
 
     limits: Limits = Limits()
     token: str | None = None
@@ -86,12 +87,13 @@ class Service:
         self.limits = settings.limits
         self.metrics = metrics
         self.batcher = MicroBatcher(max_batch=settings.max_batch, max_wait_s=settings.max_wait_ms / 1000,
-                                    threads=settings.threads, on_batch=metrics.observe_batch)
+                                    threads=settings.threads, on_batch=metrics.observe_batch,
+                                    on_stage=metrics.observe_stage)
         self.thumbnails = ThumbnailCache()
         self.pool: ThreadPoolExecutor | None = None
 
     async def run(self, fn: Any, *args: Any) -> Any:
-        """``fn(*args)`` on the worker threads (decoding, transforms, search, thumbnails)."""
+        """``fn(*args)`` on the worker threads (decoding, thumbnails: no torch, see :mod:`rankopt.serve.batcher`)."""
         return await asyncio.get_running_loop().run_in_executor(self.pool, fn, *args)
 
     @contextlib.asynccontextmanager
@@ -126,14 +128,19 @@ class Service:
         k = check_k(DEFAULT_K if k is None else k, self.limits)
         filter_ = check_filter(given_filter)
         if kind == "image":
-            image = await self.run(self._prepare, snapshot, value, name)
-            vector = (await self.batcher.embed(snapshot, image)).unsqueeze(0)
-        elif kind == "vector":
-            vector = check_vector(value, snapshot.index.dim)
+            with self.batcher.expecting():
+                start = time.perf_counter()
+                image = await self.run(decode_upload, value, self.limits, snapshot.decode_min_side, repr(name))
+                self.metrics.observe_stage("decode", time.perf_counter() - start)
+            record = await self.batcher.embed(  # searched on the torch thread right after the forward
+                snapshot, image, then=lambda embedding: self._search(snapshot, embedding.unsqueeze(0), k, filter_))
         else:
-            name = str(value)
-            vector = snapshot.index.embeddings[self._row(snapshot, name)].unsqueeze(0)
-        record = await self.run(self._search, snapshot, vector, k, filter_)
+            if kind == "vector":
+                vector = check_vector(value, snapshot.index.dim)
+            else:
+                name = str(value)
+                vector = snapshot.index.embeddings[self._row(snapshot, name)].unsqueeze(0)
+            record = await self.batcher.call(self._search, snapshot, vector, k, filter_)
         record["query"] = name
         return record
 
@@ -167,11 +174,6 @@ class Service:
             return kind, value, kind, body.get("k", k), body.get("filter")
         raise ApiError(415, f"POST /search takes multipart/form-data (an image upload) or application/json, "
                             f"not {content_type or 'a body without a content type'!r}")
-
-    def _prepare(self, snapshot: Snapshot, data: bytes, name: str) -> torch.Tensor:
-        """Upload bytes -> the transformed ``(3, H, W)`` image (the index's test transform)."""
-        image = decode_upload(data, self.limits, snapshot.decode_min_side, name=repr(name))
-        return snapshot.embedder.transform(image)
 
     @staticmethod
     def _search(snapshot: Snapshot, vector: torch.Tensor, k: int, filter_: Any) -> dict[str, Any]:

@@ -1,54 +1,78 @@
-"""Micro-batching: image queries that arrive together are embedded by one forward pass.
+"""Micro-batching: image queries that arrive together are transformed and embedded by one forward pass.
 
-Requests put their transformed image on an asyncio queue and await its embedding. One collector
-takes the first waiting image, then every image already queued, waits ``max_wait_s`` once for more
-when the batch is not full, and runs the forward of up to ``max_batch`` images in its own thread
-(torch with ``threads`` intra-op threads) while new requests queue: under load the batches grow by
-themselves, so throughput grows with the number of clients; alone, a request waits ``max_wait_s``.
-Images are grouped by model and size (a reload or a size-keeping transform may mix them).
+Every torch operation of the service runs on one thread, the batcher's (*the torch thread*): each
+image's transform, the batched forward and (through :meth:`MicroBatcher.call`) the searches. Torch's
+intra-op threads belong to that thread alone: on a CPU, torch ops from a second thread start a second
+OpenMP team whose idle threads spin against the forward's (measured on 2 cores: a batch-1 MobileNetV2
+forward took twice as long while the request threads transformed and searched beside it), and
+``torch.set_num_threads`` from another thread changes the thread count of the forward mid-flight. The
+request threads only decode (Pillow, without the GIL).
+
+Requests put their decoded image on an asyncio queue and await its embedding. One collector takes the
+first waiting image and every image already queued; when images are still being decoded
+(:meth:`MicroBatcher.expecting`) and the batch is not full, it waits ``max_wait_s`` once for them. Then
+the torch thread transforms and embeds up to ``max_batch`` images while new requests queue: under load
+the batches grow by themselves, so throughput grows with the number of clients; a lone request never
+waits. A query's follow-up (``then``: its search) runs on the torch thread right after its batch's
+forward, before the next batch: queued behind the next forward instead, every query would spend two
+forwards in the server and the batches would stay half as large. Images are grouped by model and transformed size (a reload or a size-keeping transform may mix
+them); an image whose transform fails fails its own request only.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from typing import Any, TypeVar
 
 import torch
 
 from rankopt.serve.holder import Snapshot
 
+R = TypeVar("R")
+Then = Callable[[torch.Tensor], Any]
+
 
 @dataclass
 class _Job:
     snapshot: Snapshot
-    image: torch.Tensor
-    done: asyncio.Future[torch.Tensor]
+    image: Any  # a decoded image, as the snapshot's transform takes it
+    then: Then | None  # run on the embedding, on the torch thread
+    done: asyncio.Future[Any]
+    queued: float  # time.perf_counter() when queued
 
 
 class MicroBatcher:
-    """``await batcher.embed(snapshot, image)`` -> the ``(D,)`` embedding of a ``(3, H, W)`` image.
+    """``await batcher.embed(snapshot, image)`` -> the ``(D,)`` embedding of a decoded image (``then=fn``:
+    ``fn(embedding)``, computed on the torch thread); ``await batcher.call(fn, *args)`` -> ``fn(*args)`` on
+    the torch thread.
 
     Use between :meth:`start` and :meth:`stop`, inside one event loop. ``on_batch(n)`` is told each
-    forward's size (metrics)."""
+    forward's size, ``on_stage(stage, seconds)`` the time of each queue wait, transform, forward and
+    follow-up (stage ``"search"``) (metrics)."""
 
     def __init__(self, *, max_batch: int = 32, max_wait_s: float = 0.002, threads: int | None = None,
-                 on_batch: Callable[[int], None] | None = None) -> None:
+                 on_batch: Callable[[int], None] | None = None,
+                 on_stage: Callable[[str, float], None] | None = None) -> None:
         if max_batch < 1 or max_wait_s < 0:
             raise ValueError(f"max_batch must be >= 1 and max_wait_s >= 0, got {max_batch} and {max_wait_s}")
         self.max_batch = max_batch
         self.max_wait_s = max_wait_s
         self.threads = threads or torch.get_num_threads()
         self.on_batch = on_batch
+        self.on_stage = on_stage
         self._queue: asyncio.Queue[_Job] | None = None
         self._task: asyncio.Task[None] | None = None
         self._executor: ThreadPoolExecutor | None = None
+        self._expected = 0
 
     async def start(self) -> None:
         self._queue = asyncio.Queue()
-        self._executor = ThreadPoolExecutor(1, thread_name_prefix="rankopt-forward",
+        self._executor = ThreadPoolExecutor(1, thread_name_prefix="rankopt-torch",
                                             initializer=torch.set_num_threads, initargs=(self.threads,))
         self._task = asyncio.get_running_loop().create_task(self._collect())
 
@@ -61,11 +85,27 @@ class MicroBatcher:
             self._executor.shutdown(wait=True)
         self._task = self._executor = self._queue = None
 
-    async def embed(self, snapshot: Snapshot, image: torch.Tensor) -> torch.Tensor:
+    @contextlib.contextmanager
+    def expecting(self) -> Iterator[None]:
+        """Inside: one more image is on its way (being read or decoded); a collector with a batch to fill
+        waits ``max_wait_s`` for it, and only then (event-loop thread only)."""
+        self._expected += 1
+        try:
+            yield
+        finally:
+            self._expected -= 1
+
+    async def call(self, fn: Callable[..., R], *args: Any) -> R:
+        """``fn(*args)`` on the torch thread, after the batches already handed to it."""
+        if self._executor is None:
+            raise RuntimeError("the micro-batcher is not started")
+        return await asyncio.get_running_loop().run_in_executor(self._executor, fn, *args)
+
+    async def embed(self, snapshot: Snapshot, image: Any, *, then: Then | None = None) -> Any:
         if self._queue is None:
             raise RuntimeError("the micro-batcher is not started")
-        done: asyncio.Future[torch.Tensor] = asyncio.get_running_loop().create_future()
-        await self._queue.put(_Job(snapshot, image, done))
+        done: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        await self._queue.put(_Job(snapshot, image, then, done, time.perf_counter()))
         return await done
 
     def _drain(self, batch: list[_Job]) -> None:
@@ -74,33 +114,67 @@ class MicroBatcher:
 
     async def _collect(self) -> None:
         assert self._queue is not None
-        loop = asyncio.get_running_loop()
         while True:
             batch = [await self._queue.get()]
             self._drain(batch)
-            if len(batch) < self.max_batch and self.max_wait_s > 0:
+            if len(batch) < self.max_batch and self.max_wait_s > 0 and self._expected > 0:
                 await asyncio.sleep(self.max_wait_s)
                 self._drain(batch)
-            groups: dict[tuple[int, tuple[int, ...]], list[_Job]] = {}
-            for job in batch:
-                if not job.done.cancelled():  # its client went away
-                    groups.setdefault((id(job.snapshot.forward), tuple(job.image.shape)), []).append(job)
-            for jobs in groups.values():
-                await self._forward(loop, jobs)
+            jobs = [job for job in batch if not job.done.cancelled()]  # a cancelled job: its client went away
+            if jobs:
+                await self._run_batch(jobs)
 
-    async def _forward(self, loop: asyncio.AbstractEventLoop, jobs: list[_Job]) -> None:
-        def forward() -> torch.Tensor:
-            return jobs[0].snapshot.embed(torch.stack([job.image for job in jobs]))
-
+    async def _run_batch(self, jobs: list[_Job]) -> None:
         try:
-            embeddings = await loop.run_in_executor(self._executor, forward)
+            outcomes, sizes, stages = await self.call(_run_on_torch_thread, jobs)
         except Exception as err:  # noqa: BLE001 - the requests answer with the error; the collector goes on
-            for job in jobs:
-                if not job.done.done():
-                    job.done.set_exception(err)
-            return
-        if self.on_batch is not None:
-            self.on_batch(len(jobs))
-        for job, embedding in zip(jobs, embeddings):
-            if not job.done.done():
-                job.done.set_result(embedding)
+            outcomes, sizes, stages = [err] * len(jobs), [], []
+        for size in sizes:
+            if self.on_batch is not None:
+                self.on_batch(size)
+        for stage, seconds in stages:
+            if self.on_stage is not None:
+                self.on_stage(stage, seconds)
+        for job, outcome in zip(jobs, outcomes):
+            if job.done.done():
+                continue
+            if isinstance(outcome, BaseException):
+                job.done.set_exception(outcome)
+            else:
+                job.done.set_result(outcome)
+
+
+def _timed(stages: list[tuple[str, float]], stage: str, fn: Callable[..., R], *args: Any) -> R | Exception:
+    """``fn(*args)``, or the exception it raised; its time appended to ``stages`` when it succeeded."""
+    start = time.perf_counter()
+    try:
+        out = fn(*args)
+    except Exception as err:  # noqa: BLE001 - one request (or one group) answers with the error
+        return err
+    stages.append((stage, time.perf_counter() - start))
+    return out
+
+
+def _run_on_torch_thread(jobs: list[_Job]) -> tuple[list[Any], list[int], list[tuple[str, float]]]:
+    """Each job's outcome (its embedding, or ``then``'s answer, or the error of its transform, forward or
+    follow-up), the forwards' sizes and the stages' times (``queue`` per job, ``transform`` per image,
+    ``forward`` per batch, ``search`` per follow-up)."""
+    now = time.perf_counter()
+    stages = [("queue", now - job.queued) for job in jobs]
+    outcomes = [_timed(stages, "transform", job.snapshot.transform, job.image) for job in jobs]
+    groups: dict[tuple[int, tuple[int, ...]], list[int]] = {}
+    for position, (job, image) in enumerate(zip(jobs, outcomes)):
+        if not isinstance(image, Exception):
+            groups.setdefault((id(job.snapshot.forward), tuple(image.shape)), []).append(position)
+    sizes = []
+    for positions in groups.values():
+        batch = torch.stack([outcomes[p] for p in positions])
+        embeddings = _timed(stages, "forward", jobs[positions[0]].snapshot.embed, batch)
+        if not isinstance(embeddings, Exception):
+            sizes.append(len(positions))
+        for row, position in enumerate(positions):
+            outcomes[position] = embeddings if isinstance(embeddings, Exception) else embeddings[row]
+    for position, job in enumerate(jobs):
+        if job.then is not None and not isinstance(outcomes[position], Exception):
+            outcomes[position] = _timed(stages, "search", job.then, outcomes[position])
+    return outcomes, sizes, stages

@@ -15,6 +15,7 @@ import threading
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch import nn
@@ -43,6 +44,10 @@ class Snapshot:
     def decode_min_side(self) -> int | None:
         """The shorter side an upload's reduced JPEG decode must keep (as ``rankopt search`` decodes files)."""
         return getattr(self.embedder.transform, "decode_min_side", None)
+
+    def transform(self, image: Any) -> torch.Tensor:
+        """A decoded image -> the ``(3, H, W)`` model input (the index's test transform)."""
+        return self.embedder.transform(image)
 
     @torch.inference_mode()
     def embed(self, images: torch.Tensor) -> torch.Tensor:

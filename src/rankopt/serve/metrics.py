@@ -1,6 +1,7 @@
 """The service's counters in Prometheus's text exposition format (``GET /metrics``), kept by hand
 (no client library): requests and errors by route and status, a request-latency histogram per
-route, the embedded batches and their images, index reloads, and the index size.
+route, the time of each stage of an image query (decode, queue, transform, forward, search), the embedded
+batches and their images, index reloads, and the index size.
 """
 
 from __future__ import annotations
@@ -12,6 +13,10 @@ from collections.abc import Iterable
 
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 """Upper bounds (seconds) of the latency histogram's buckets; ``+Inf`` is added."""
+STAGE_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0)
+STAGES = ("decode", "queue", "transform", "forward", "search")
+"""An image query's stages: decode (request thread), queue (waiting for the torch thread), transform (per image),
+forward (per batch), search (per query, right after its batch's forward)."""
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128)
 PREFIX = "rankopt_serve"
 
@@ -55,6 +60,7 @@ class Metrics:
         self.requests: Counter[tuple[str, str, str]] = Counter()
         """``(route, method, status code)`` -> answered requests."""
         self.latency: dict[str, Histogram] = {}
+        self.stages = {stage: Histogram(STAGE_BUCKETS) for stage in STAGES}
         self.batches = Histogram(BATCH_BUCKETS)
         self.reloads: Counter[str] = Counter()
         """``"ok"`` / ``"failed"`` -> index reloads."""
@@ -63,6 +69,10 @@ class Metrics:
         with self._lock:
             self.requests[(route, method, str(status))] += 1
             self.latency.setdefault(route, Histogram(LATENCY_BUCKETS)).observe(seconds)
+
+    def observe_stage(self, stage: str, seconds: float) -> None:
+        with self._lock:
+            self.stages[stage].observe(seconds)
 
     def observe_batch(self, images: int) -> None:
         with self._lock:
@@ -91,6 +101,11 @@ class Metrics:
                       f"# TYPE {p}_request_duration_seconds histogram"]
             for route, histogram in sorted(self.latency.items()):
                 lines += histogram.lines(f"{p}_request_duration_seconds", route=route)
+            lines += [f"# HELP {p}_stage_seconds Time of each stage of an image query: decode, queue (waiting for the "
+                      "torch thread), transform (per image), forward (per batch), search (per image query).",
+                      f"# TYPE {p}_stage_seconds histogram"]
+            for stage, histogram in self.stages.items():
+                lines += histogram.lines(f"{p}_stage_seconds", stage=stage)
             lines += [f"# HELP {p}_batch_images Images embedded together in one forward pass (micro-batching).",
                       f"# TYPE {p}_batch_images histogram", *self.batches.lines(f"{p}_batch_images")]
             lines += [f"# HELP {p}_reloads_total Index reloads after a change on disk, by outcome.",

@@ -12,13 +12,14 @@ normalisation; ``tf_lite_*`` for ``efficientnet_lite0``):
     test transform, DataLoader with W workers, forward, exact index) vs the forward pass alone on
     the same images already decoded and transformed, same batch size.
 (b) training: the trainer's loop (``Trainer.train_epoch``: dataset, train transform, m-per-class
-    sampler, DataLoader with the recipe's ``data.num_workers``, step with loss, optimizer and step
-    log) vs forward+backward alone (model, recipe loss, backward) on the batches that loop produced;
+    sampler, DataLoader with ``data.num_workers``, step with loss, optimizer and step log; for each
+    ``--train-configs`` recipe) vs forward+backward alone (model, recipe loss, backward) on the batches that loop produced;
     also the trainer's step alone on them (loop / step = what loading costs).
 (c) equivalence of the reduced decode: the Caltech JPEGs it reduces at ``DRAFT_GAP`` 1 and 2, the
     max / mean |difference| of the test transform's output against the full decode ([0, 1] pixel
     units) and the retrieval metrics of the backbone's embeddings of those images both ways.
-(d) per-image costs on one core: read + decode, reference and fast transforms.
+(d) per-image costs on one core: read + decode, reference and fast transforms (the fast path's torch
+    steps, and the fused kernel it runs).
 
 Rates are images/s over the whole pass (worker start-up included); each network-alone rate is
 measured right next to its pipeline (before it in (a), after it on the same batches in (b)), so that
@@ -247,10 +248,11 @@ def bench_train(backbone: str, size: int, weights: str | None, root: Path, recip
             alone.append(forward_backward_rate(trainer, recorded))  # bracketed by two alone passes
             bracket = (alone[-2] + alone[-1]) / 2
             rate = sum(len(b["image"]) for b in recorded) / seconds
-            rows.append({"backbone": backbone, "px": size, "pipeline": name, "workers": trainer.cfg.data.num_workers,
+            rows.append({"recipe": recipe, "backbone": backbone, "px": size, "pipeline": name,
+                         "workers": trainer.cfg.data.num_workers,
                          "rate": rate, "alone": bracket, "ratio": rate / bracket,
                          "fb_share": (inside["fb"] - inside["opt"]) / seconds, "step_share": inside["step"] / seconds})
-            print(f"train {backbone} {size}px {name}: {rate:.2f} images/s, fwd+bwd alone {alone[-2]:.2f} / "
+            print(f"train {recipe} {backbone} {size}px {name} workers={trainer.cfg.data.num_workers}: {rate:.2f} images/s, fwd+bwd alone {alone[-2]:.2f} / "
                   f"{alone[-1]:.2f}, in the loop: fwd+bwd {rows[-1]['fb_share']:.0%}, steps "
                   f"{rows[-1]['step_share']:.0%} of the time", flush=True)
     return rows
@@ -318,6 +320,8 @@ def per_image_costs(files: list[Path], size: int, preset: str) -> dict[str, floa
         costs["read + full decode"], full = timed(lambda: [load_image(p) for p in paths])
         costs["read + reduced decode"], reduced = timed(lambda: [load_image(p, side) for p in paths])
         costs["kornia transform (full decode)"] = timed(lambda: [transform.reference(im) for im in full])[0]
+        steps = transform.fast.stepwise  # the fused kernel's reference
+        costs["fast transform, torch steps (reduced decode)"] = timed(lambda: [steps(im) for im in reduced])[0]
         costs["fast transform (reduced decode)"] = timed(lambda: [transform(im) for im in reduced])[0]
         return {k: v / len(paths) * 1e3 for k, v in costs.items()}
     finally:
@@ -343,8 +347,9 @@ def main() -> int:
     parser.add_argument("--index-images", type=int, default=256)
     parser.add_argument("--index-batch", type=int, default=64)
     parser.add_argument("--workers", type=int, nargs="+", default=[0, 1, 2], help="DataLoader workers of (a)")
-    parser.add_argument("--recipe", default="image_folder")
-    parser.add_argument("--num-workers", type=int, default=None, help="(b): data.num_workers (default: the recipe's)")
+    parser.add_argument("--train-configs", nargs="+", default=["caltech101", "image_folder:0", "image_folder"],
+                        metavar="RECIPE[:WORKERS]", help="(b): recipes, each with its own data.num_workers or WORKERS "
+                        "(default: the Caltech-101 benchmark's recipe; image_folder with 0 and with its own 4 workers)")
     parser.add_argument("--train-steps", type=int, default=4)
     parser.add_argument("--train-batch", type=int, default=64)
     parser.add_argument("--draft-images", type=int, default=300, help="(c): at most this many reduced JPEGs")
@@ -368,8 +373,10 @@ def main() -> int:
         for size in args.sizes:
             costs[(backbone, size)] = per_image_costs([Path(p) for p in sample[:200]], size, presets(backbone)[1])
             index_rows += bench_index(backbone, size, weights, sample, args.index_batch, args.workers)
-            train_rows += bench_train(backbone, size, weights, root, args.recipe, args.train_steps, args.train_batch,
-                                      args.num_workers)
+            for config in args.train_configs:
+                recipe, _, workers = config.partition(":")
+                train_rows += bench_train(backbone, size, weights, root, recipe, args.train_steps, args.train_batch,
+                                          int(workers) if workers else None)
             draft_rows += bench_draft(backbone, size, weights, files, args.draft_images, args.index_batch)
     load.append(os.getloadavg()[0])
 
@@ -401,10 +408,12 @@ def main() -> int:
         "the time the build spent in the model's forward over its wall time, measured inside the same run "
         "(with 0 workers the ratio a quiet machine would give; with workers the forward shares the cores).",
         "",
-        f"## (b) training loop (recipe `{args.recipe}`, {args.train_steps} steps of {args.train_batch}) "
-        "vs forward+backward alone",
+        f"## (b) training loop ({args.train_steps} steps of {args.train_batch}) vs forward+backward alone",
         "",
-        *table(train_rows, [("backbone", "backbone", ""), ("px", "px", ""), ("pipeline", "pipeline", ""),
+        "Recipes: `caltech101` is the benchmark's (stem and first four stages frozen, 0 workers); `image_folder` "
+        "trains the whole network (its own `data.num_workers` is 4).",
+        "",
+        *table(train_rows, [("recipe", "recipe", ""), ("backbone", "backbone", ""), ("px", "px", ""), ("pipeline", "pipeline", ""),
                             ("workers", "workers", ""), ("rate", "loop images/s", ".2f"),
                             ("alone", "fwd+bwd alone images/s", ".2f"), ("ratio", "ratio", ".2f"),
                             ("fb_share", "fwd+bwd / loop time", ".2f"), ("step_share", "steps / loop time", ".2f")]),

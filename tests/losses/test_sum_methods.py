@@ -1,4 +1,4 @@
-"""The compiled step and linear sums of ``H^-`` (``method="compiled"``, sorted pivots) against the dense torch
+"""The compiled sums of ``H^-`` and of the sigmoid (``method="compiled"``, numba) against the dense torch
 path (the reference) and the elementwise definition: values and gradients, float32 and float64, exact ties,
 differences exactly at ``delta``, empty masks, several blocks, and the losses built on them."""
 
@@ -105,5 +105,69 @@ def test_method_is_checked():
     with pytest.raises(ValueError, match="float32 or float64 CPU"):
         S.sup_rank_sums(scores.half(), scores.half(), torch.ones(2, 1, 3), tau=0.01, rho=1.0, delta=0.05, start=0.5, method="compiled")
     with pytest.raises(ValueError, match="unknown method"):
+        S.sigmoid_sums(scores, scores, torch.ones(2, 1, 3), 0.01, method="fast")
+    with pytest.raises(ValueError, match="unknown method"):
         L.build("sup_ap", method="fast")
     assert "method='torch'" in repr(L.build("hap", method="torch"))
+
+
+def sigmoid_sums_and_gradients(method: str, scores, pivot_index, masks, weights, tau):
+    a = scores.clone().requires_grad_(True)
+    sums = S.sigmoid_sums(a, torch.gather(a, 1, pivot_index), masks, tau, method=method)
+    (sums * weights).sum().backward()
+    return sums.detach(), a.grad
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_compiled_sigmoid_sums_equal_the_torch_path_and_the_definition(dtype):
+    """Smooth-AP's sums (no cap) with exact ties, an empty mask and an empty row: compiled = torch = the definition."""
+    scores, pivot_index, masks = dyadic_case(dtype, seed=3)
+    weights = torch.randn(scores.shape[0], pivot_index.shape[1], masks.shape[1], generator=torch.Generator().manual_seed(4), dtype=dtype)
+    compiled = sigmoid_sums_and_gradients("compiled", scores, pivot_index, masks, weights, TAU)
+    dense = sigmoid_sums_and_gradients("torch", scores, pivot_index, masks, weights, TAU)
+    tol = dict(rtol=1e-5, atol=1e-5) if dtype == torch.float32 else dict(rtol=1e-10, atol=1e-12)
+    for fast, reference in zip(compiled, dense, strict=True):
+        torch.testing.assert_close(fast, reference, **tol)
+    a = scores.double().requires_grad_(True)
+    diff = a.unsqueeze(1) - torch.gather(a, 1, pivot_index).unsqueeze(2)
+    definition = (torch.sigmoid(diff / TAU).unsqueeze(2) * masks.unsqueeze(1)).sum(-1)
+    (definition * weights.double()).sum().backward()
+    torch.testing.assert_close(compiled[0].double(), definition.detach(), **tol)
+    torch.testing.assert_close(compiled[1].double(), a.grad, **tol)
+    assert (compiled[0][2] == 0).all() and (compiled[0][0, :, 1] == 0).all()
+
+
+@pytest.mark.parametrize("cap", [False, True])
+def test_compiled_sums_of_a_row_spread_past_the_factorised_range(cap):
+    """A row whose scaled scores spread over ``SPREAD`` takes ``exp`` per pair (its factors would overflow): the same
+    values and gradients as the torch path, float64, next to an ordinary row."""
+    from rankopt.rank import _surrogate_kernels as kernels
+
+    g = torch.Generator().manual_seed(5)
+    scores = torch.rand(2, 50, generator=g, dtype=torch.float64) * 0.5
+    scores[1, :25] += 20.0  # tau = 0.01: a spread of ~2000 in units of tau
+    pivot_index = torch.randint(0, 50, (2, 6), generator=g)
+    masks = torch.rand(2, 2, 50, generator=g) < 0.7
+    weights = torch.randn(2, 6, 2, generator=g, dtype=torch.float64)
+    direct = kernels.exponentials(scores / 0.01, torch.gather(scores, 1, pivot_index) / 0.01)[2]
+    assert direct.tolist() == [False, True]
+    if cap:
+        kernel = dict(tau=0.01, rho=100.0, delta=S.default_delta(), start=0.5)
+        results = [sums_and_gradients(m, scores, pivot_index, masks, weights, **kernel) for m in ("compiled", "torch")]
+    else:
+        results = [sigmoid_sums_and_gradients(m, scores, pivot_index, masks, weights, 0.01) for m in ("compiled", "torch")]
+    for fast, reference in zip(*results, strict=True):
+        assert torch.isfinite(fast).all()
+        torch.testing.assert_close(fast, reference, rtol=1e-10, atol=1e-10)
+
+
+def test_compiled_sums_pass_gradcheck():
+    """Scores and pivots as separate float64 inputs, differences away from 0 and ``delta`` (no branch switch within
+    the finite-difference step): the compiled backward is the derivative of the compiled forward."""
+    g = torch.Generator().manual_seed(6)
+    scores = torch.rand(3, 9, generator=g, dtype=torch.float64).requires_grad_(True)
+    pivots = torch.rand(3, 4, generator=g, dtype=torch.float64).requires_grad_(True)
+    masks = torch.rand(3, 2, 9, generator=g) < 0.7
+    kernel = dict(tau=0.1, rho=3.0, delta=0.05, start=0.5, method="compiled")
+    assert torch.autograd.gradcheck(lambda a, p: S.sup_rank_sums(a, p, masks, **kernel), (scores, pivots))
+    assert torch.autograd.gradcheck(lambda a, p: S.sigmoid_sums(a, p, masks, 0.1, method="compiled"), (scores, pivots))

@@ -89,12 +89,12 @@ def test_concurrent_uploads_are_embedded_together_with_the_same_answers(make_cli
 
 
 def test_every_torch_operation_runs_on_the_torch_thread(make_client, monkeypatch):
-    """Transforms, forwards and searches all run on the batcher's thread (torch ops from a second thread start
-    a second OpenMP team that spins against the forward's); the request threads only decode."""
+    """Loading, transforms, forwards and searches all run on the torch thread (torch ops on a second thread
+    start a second OpenMP team, and both teams slow down); the request threads only decode."""
     from rankopt.serve.app import Service
-    from rankopt.serve.holder import Snapshot
+    from rankopt.serve.holder import IndexHolder, Snapshot
 
-    threads: dict[str, set[str]] = {"transform": set(), "embed": set(), "search": set()}
+    threads: dict[str, set[str]] = {"load": set(), "transform": set(), "embed": set(), "search": set()}
 
     def recorded(name, fn):
         def call(*args, **kwargs):
@@ -102,6 +102,7 @@ def test_every_torch_operation_runs_on_the_torch_thread(make_client, monkeypatch
             return fn(*args, **kwargs)
         return call
 
+    monkeypatch.setattr(IndexHolder, "_load", recorded("load", IndexHolder._load))
     monkeypatch.setattr(Snapshot, "transform", recorded("transform", Snapshot.transform))
     monkeypatch.setattr(Snapshot, "embed", recorded("embed", Snapshot.embed))
     monkeypatch.setattr(Service, "_search", staticmethod(recorded("search", Service._search)))

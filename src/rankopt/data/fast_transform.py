@@ -20,13 +20,17 @@ a transform and returns the same computation on one ``(1, 3, H, W)`` image witho
   modules (``AreaResize``) are called as they are.
 
 Any other op (e.g. ``RandomAffine``) makes :func:`compile_fast_path` return None: the kornia
-pipeline runs. :func:`decode_min_side` gives the shorter side a decoded image must keep for the
-first resize (the JPEG draft decode of :func:`rankopt.data.decode.decode_image`).
+pipeline runs. Steps in the order ``[Resize] [CenterCrop | RandomResizedCrop] [Flip] [Normalize]`` (every
+preset but the area-resized ones) also get a :class:`FusedPath`: one compiled pass from the uint8 pixels
+to the model input computing only the output window (:mod:`rankopt.data._resample_kernels`), 5-7 times
+cheaper than the steps, which stay its reference (:meth:`FastPath.stepwise`, tests: 1e-5).
+:func:`decode_min_side` gives the shorter side a decoded image must keep for the first resize (the
+JPEG draft decode of :func:`rankopt.data.decode.decode_image`).
 
-The per-image ops and :func:`collate` (the DataLoaders' batching) run on one intra-op thread
-(:func:`one_thread`): in the main process (``num_workers=0``) torch has several, and on ops this
-small each waits for all of them (measured on 2 busy cores: a batch stacked in 91 ms on average with
-2 threads, 2.6 ms with one).
+The stepwise ops and :func:`collate` (the DataLoaders' batching) run on one intra-op thread
+(:func:`one_thread`; the fused path runs no torch op but the draws and leaves the thread count alone):
+in the main process (``num_workers=0``) torch has several, and on ops this small each waits for all of
+them (measured on 2 busy cores: a batch stacked in 91 ms on average with 2 threads, 2.6 ms with one).
 """
 
 from __future__ import annotations
@@ -83,6 +87,19 @@ def _blur_axis(x: torch.Tensor, size: int, sigma: float, axis: int) -> torch.Ten
     return out
 
 
+def blurs(height: int, width: int, size: tuple[int, int], antialias: bool) -> bool:
+    """Whether the resize of ``(height, width)`` to ``size`` blurs first: anti-aliased and a downscale."""
+    return antialias and max(height / size[0], width / size[1]) > 1
+
+
+def blur_parameters(length: int, target: int) -> tuple[int, float]:
+    """Gaussian ``(kernel size, sigma)`` of one axis resized ``length -> target``: ``sigma = max((length / target
+    - 1) / 2, 0.001)``, size ``max(4 sigma, 3)`` made odd (1 for a single pixel)."""
+    sigma = max((length / target - 1.0) / 2.0, 0.001)
+    kernel = int(max(4.0 * sigma, 3))
+    return 1 if length == 1 else kernel + 1 - kernel % 2, sigma
+
+
 def antialiased_resize(x: torch.Tensor, size: tuple[int, int], *, antialias: bool = True,
                        align_corners: bool | None = True) -> torch.Tensor:
     """``(B, C, H, W)`` -> ``(B, C, h, w)``: Gaussian anti-aliasing blur when downscaling, then bilinear
@@ -92,13 +109,10 @@ def antialiased_resize(x: torch.Tensor, size: tuple[int, int], *, antialias: boo
     axes, then resample both: operations on different axes commute), the column pass on fewer rows.
     """
     height, width = x.shape[-2:]
-    if not (antialias and max(height / size[0], width / size[1]) > 1):
+    if not blurs(height, width, size, antialias):
         return F.interpolate(x, size=size, mode="bilinear", align_corners=align_corners)
     for axis, target in ((-2, size[0]), (-1, size[1])):
-        length = x.shape[axis]
-        sigma = max((length / target - 1.0) / 2.0, 0.001)
-        kernel = int(max(4.0 * sigma, 3))
-        x = _blur_axis(x, 1 if length == 1 else kernel + 1 - kernel % 2, sigma, axis)
+        x = _blur_axis(x, *blur_parameters(x.shape[axis], target), axis)
         shape = (target, x.shape[-1]) if axis == -2 else (x.shape[-2], target)
         x = F.interpolate(x, size=shape, mode="bilinear", align_corners=align_corners)
     return x
@@ -136,15 +150,18 @@ class RandomResizedCropStep:
     align_corners: bool | None
 
     def crop_size(self, height: int, width: int) -> tuple[int, int]:
-        """A crop's ``(h, w)``: the first of 10 drawn candidates that fits, else the image narrowed to the ratios."""
+        """A crop's ``(h, w)``: the first of 10 drawn candidates that fits, else the image narrowed to the ratios.
+
+        The float32 products and sums of torch's ops on its draws run by numpy (the same IEEE operations, a
+        fraction of the per-op cost), ``exp`` and ``sqrt`` by torch (its own roundings): the crops of the
+        torch expression, draw for draw."""
         low, high = math.log(self.ratio[0]), math.log(self.ratio[1])
-        area = (torch.rand(_CANDIDATES) * (self.scale[1] - self.scale[0]) + self.scale[0]) * height * width
-        aspect = torch.exp(torch.rand(_CANDIDATES) * (high - low) + low)
-        w, h = torch.sqrt(area * aspect).round(), torch.sqrt(area / aspect).round()
-        fits = ((w > 0) & (w <= width) & (h > 0) & (h <= height)).nonzero()
-        if fits.numel():
-            first = int(fits[0, 0])
-            return int(h[first]), int(w[first])
+        area = (torch.rand(_CANDIDATES).numpy() * (self.scale[1] - self.scale[0]) + self.scale[0]) * height * width
+        aspect = torch.from_numpy(torch.rand(_CANDIDATES).numpy() * (high - low) + low).exp_().numpy()
+        sides = torch.from_numpy(np.stack([area * aspect, area / aspect])).sqrt_().numpy().round()
+        for w, h in zip(*sides.tolist()):
+            if 0 < w <= width and 0 < h <= height:
+                return int(h), int(w)
         image_ratio = width / height
         if image_ratio < min(self.ratio):
             return min(round(width / min(self.ratio)), height), width
@@ -152,11 +169,15 @@ class RandomResizedCropStep:
             return height, min(round(height * max(self.ratio)), width)
         return height, width
 
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        height, width = x.shape[-2:]
+    def window(self, height: int, width: int) -> tuple[int, int, int, int]:
+        """A drawn crop ``(top, left, h, w)``: :meth:`crop_size`, then ``left``, then ``top``."""
         h, w = self.crop_size(height, width)
-        left = int(torch.rand(()) * (width - w + 1))
-        top = int(torch.rand(()) * (height - h + 1))
+        left = int(torch.rand(()).numpy() * np.float32(width - w + 1))  # float32 products, as torch's
+        top = int(torch.rand(()).numpy() * np.float32(height - h + 1))
+        return top, left, h, w
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        top, left, h, w = self.window(*x.shape[-2:])
         crop = x[..., top : top + h, left : left + w]
         if (h, w) == self.size:
             return crop
@@ -167,8 +188,11 @@ class RandomResizedCropStep:
 class FlipStep:
     p: float
 
+    def draw(self) -> bool:
+        return float(torch.rand(())) < self.p
+
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        return x.flip(-1) if float(torch.rand(())) < self.p else x
+        return x.flip(-1) if self.draw() else x
 
 
 @dataclass(frozen=True)
@@ -247,14 +271,82 @@ def collate(samples: list[Any]) -> Any:
         return default_collate(samples)
 
 
+@dataclass(frozen=True, eq=False)
+class FusedPath:
+    """``[Resize] [CenterCrop | RandomResizedCrop] [Flip] [Normalize]`` in one compiled pass from the uint8
+    pixels (:mod:`rankopt.data._resample_kernels`): the steps' values (within float32 rounding) and their
+    draws from torch's RNG in the same order; no change of torch's thread count, so several threads may
+    call it at once."""
+
+    resize: ResizeStep | None
+    window: CenterCropStep | RandomResizedCropStep | None
+    flip: FlipStep | None
+    scale: np.ndarray  # (3,) float32: 1 / (255 std)
+    bias: np.ndarray  # (3,) float32: -mean / std
+
+    def __call__(self, image: Image.Image) -> torch.Tensor | None:
+        """RGB image -> ``(3, h, w)``; None when a center crop exceeds the resized image (the steps' fallback)."""
+        from rankopt.data import _resample_kernels as kernels  # noqa: PLC0415 - numba, compiled on first use
+
+        height, width = image.height, image.width
+        resized, align, blur = (height, width), True, ((1, 0.0), (1, 0.0))
+        if self.resize is not None:
+            size = self.resize.size
+            resized = size if isinstance(size, tuple) else short_side_size(height, width, size)
+            align = bool(self.resize.align_corners)
+            if blurs(height, width, resized, self.resize.antialias):
+                blur = (blur_parameters(height, resized[0]), blur_parameters(width, resized[1]))
+        top, left, (h, w), target, align_window = 0, 0, resized, resized, True
+        if isinstance(self.window, CenterCropStep):
+            h, w = target = self.window.size
+            if h > resized[0] or w > resized[1]:
+                return None
+            top, left = (resized[0] - h) // 2, (resized[1] - w) // 2
+        elif self.window is not None:
+            top, left, h, w = self.window.window(*resized)
+            target, align_window = self.window.size, bool(self.window.align_corners)
+        flip = self.flip is not None and self.flip.draw()
+        rows = kernels.axis_taps(height, resized[0], *blur[0], align, top, h, target[0], align_window, False)
+        cols = kernels.axis_taps(width, resized[1], *blur[1], align, left, w, target[1], align_window, flip)
+        pixels = np.asarray(image).reshape(height, width * 3)
+        return torch.from_numpy(kernels.render(pixels, *rows, *cols, self.scale, self.bias))
+
+
+def fuse(steps: Sequence[Step]) -> FusedPath | None:
+    """The :class:`FusedPath` of ``steps`` when they follow its sequence, else None."""
+    rest = list(steps)
+
+    def take(kind: type | tuple[type, ...]) -> Any:
+        return rest.pop(0) if rest and isinstance(rest[0], kind) else None
+
+    resize, window = take(ResizeStep), take((CenterCropStep, RandomResizedCropStep))
+    flip, normalize = take(FlipStep), take(NormalizeStep)
+    if rest:
+        return None
+    if normalize is None:
+        mean, std = np.zeros(3), np.ones(3)
+    elif {normalize.mean.numel(), normalize.std.numel()} <= {1, 3}:  # per channel or one for all
+        mean, std = (np.broadcast_to(t.double().flatten().numpy(), 3) for t in (normalize.mean, normalize.std))
+    else:
+        return None
+    return FusedPath(resize, window, flip, (1 / (255 * std)).astype(np.float32), (-mean / std).astype(np.float32))
+
+
 @dataclass(frozen=True)
 class FastPath:
-    """PIL image (any mode) -> the transform's ``(3, h, w)`` FloatTensor, op by op in plain torch on one thread."""
+    """PIL image (any mode) -> the transform's ``(3, h, w)`` FloatTensor: ``fused`` when the steps have it,
+    else op by op in plain torch on one thread (:meth:`stepwise`, the fused kernel's reference)."""
 
     steps: tuple[Step, ...]
+    fused: FusedPath | None = None
+
+    def __call__(self, image: Image.Image) -> torch.Tensor:
+        rgb = to_rgb(image)
+        out = self.fused(rgb) if self.fused is not None else None
+        return self.stepwise(rgb) if out is None else out
 
     @torch.no_grad()
-    def __call__(self, image: Image.Image) -> torch.Tensor:
+    def stepwise(self, image: Image.Image) -> torch.Tensor:
         with one_thread():
             x = _channels_last_tensor(to_rgb(image))
             for step in self.steps:
@@ -265,7 +357,9 @@ class FastPath:
 def compile_fast_path(ops: Sequence[torch.nn.Module]) -> FastPath | None:
     """The fast per-image path of ``ops`` (see the module docstring), or None if an op has none."""
     steps = [_step(op) for op in ops]
-    return None if any(step is None for step in steps) else FastPath(tuple(steps))  # type: ignore[arg-type]
+    if any(step is None for step in steps):
+        return None
+    return FastPath(tuple(steps), fuse(steps))  # type: ignore[arg-type]
 
 
 def decode_min_side(ops: Sequence[torch.nn.Module]) -> int | None:

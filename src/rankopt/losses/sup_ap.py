@@ -21,8 +21,8 @@ class SupRankLoss(RankLoss):
     ``delta = tau ln((1 - eps) / eps)`` with ``eps = 1e-2`` (~0.0459), ``start = 0.5``.
     ``step_counts``: one of :data:`STEP_COUNTS` (same values and gradients; ``"sorted"`` costs
     ``O(P log P + P L + A M)`` per query for ``A`` pivots with a less relevant item, ``"pairwise"`` ``O(P^2 + P M)``).
-    ``method``: how the step and linear terms of ``H^-`` are summed (:data:`~rankopt.rank.surrogates.SUM_METHODS`:
-    ``"compiled"`` from sorted pivots on CPU, ``"torch"`` dense, the reference; same values and gradients).
+    ``method``: how the ``H^-`` sums are evaluated (:data:`~rankopt.rank.surrogates.SUM_METHODS`:
+    ``"compiled"`` one numba pass each way on CPU, ``"torch"`` dense, the reference; same values and gradients).
     """
 
     def __init__(

@@ -1,94 +1,131 @@
-"""Compiled kernels of the step and linear parts of the SupRank sums on CPU (numba; imported on first use).
+"""Compiled kernels of the SupRank ``H^-`` and sigmoid sums on CPU and their gradient (numba; imported on first use).
 
 In units of ``tau`` (``u = a_k - b_p``, ``a`` the scaled scores, ``b`` the scaled pivots), ``H^-`` is
-``sigma(min(u, cap)) + start * H(u) + rho_tau * [u > cap] (u - cap)`` (ROADMAP Eq. 4). The last two terms are
-counts and sums over the items above a threshold. Both tests, ``a_k >= b_p`` and ``fl(a_k - b_p) > cap`` (the very
-float tests of the dense path), are monotone in ``b_p``: with each row's pivots sorted, item ``k`` passes a prefix
-of them, whose length is counted without branches (vectorised over the items); every item is added to the bin of
-that length and suffix sums of the bins give every pivot's counts and sums (float64), the gradient prefix sums
-over the sorted pivots. No ``(A, M)`` temporary. Both run in the calling thread.
+``h(u) = start * H(u) + sigma(u)`` for ``fl(u) <= cap`` and ``start * H(u) + sigma(cap) + rho_tau (u - cap)`` beyond
+(ROADMAP Eq. 4 = TPAMI Eq. 4; Smooth-AP's sigmoid: ``cap = inf``, ``start = rho_tau = 0``). Per row, with a centre
+``m`` (the midpoint of the row's scores and pivots), ``sigma(a_k - b_p) = 1 / (1 + e_k f_p)``, ``e_k = exp(m - a_k)``,
+``f_p = exp(b_p - m)``: ``M + P`` exponentials per row (:func:`exponentials`, torch's vectorised ``exp``), a multiply, an add and a division
+per pair (vectorised).
+The branch tests are the dense path's float tests in the arrays' dtype, ``a_k >= b_p`` and ``fl(a_k - b_p) > cap``;
+the values and sums are float64. A row whose scores and pivots spread over more than :data:`SPREAD` (``e_k`` or
+``f_p`` would overflow) takes ``exp(b_p - a_k)`` per pair. Rows are split over threads (``nogil`` kernels).
 """
 
 from __future__ import annotations
 
+import math
+import threading
+
 import numba as nb
 import numpy as np
+import torch
+
+SPREAD = 1400.0
+"""Largest spread ``max - min`` of a row's scaled scores and pivots for the factorised sigmoid: ``|a - m| <= 700``,
+so ``exp`` of it stays a normal float64 (``exp(709)`` overflows)."""
+_JIT = dict(nogil=True, cache=True, fastmath={"reassoc", "contract"}, error_model="numpy")
+"""``reassoc``: the sums over items vectorise; ``error_model="numpy"``: no zero-division check, the division vectorises."""
 
 
-@nb.njit(inline="always")
-def _count_above(scores, ascending, passed) -> None:  # pragma: no cover - compiled
-    """``passed[k] = #{i : a_k >= b_i}``: item ``k`` passes the ascending pivots ``i < passed[k]``."""
-    passed[:] = 0
-    for i in range(ascending.shape[0]):
-        b = ascending[i]
-        for k in range(scores.shape[0]):
-            passed[k] += scores[k] >= b
+TILE = 512
+"""Items per tile: a tile's scores, masks, factors and per-item buffers stay in L1 while every pivot passes over it."""
 
 
-@nb.njit(inline="always")
-def _count_beyond(scores, ascending, cap, passed) -> None:  # pragma: no cover - compiled
-    """``passed[k] = #{i : fl(a_k - b_i) > cap}`` (the difference rounded in the arrays' dtype, non-increasing
-    in ``b_i``): item ``k`` is on the linear branch of the ascending pivots ``i < passed[k]``."""
-    passed[:] = 0
-    for i in range(ascending.shape[0]):
-        b = ascending[i]
-        for k in range(scores.shape[0]):
-            passed[k] += scores[k] - b > cap
+@nb.njit(inline="always", **_JIT)
+def _logistic(a, b, e, f, direct, out):  # pragma: no cover - compiled
+    """``out[k] = sigma(a_k - b) = 1 / (1 + e_k f)`` (``direct``: ``1 / (1 + exp(b - a_k))``)."""
+    if direct:
+        for k in range(a.shape[0]):
+            out[k] = 1.0 / (1.0 + math.exp(np.float64(b) - np.float64(a[k])))
+        return
+    for k in range(a.shape[0]):
+        out[k] = 1.0 / (1.0 + e[k] * f)
 
 
-@nb.njit(nogil=True, cache=True)
-def step_linear_sums(scaled, pivots, weights, cap, start, rho_tau, out, beyond):  # pragma: no cover - compiled
-    """``out[c, g, p] = start * sum_k w_gk [a_k >= b_p] + rho_tau * sum_k w_gk [a_k - b_p > cap] (a_k - b_p - cap)``
-    and ``beyond[c, g, p] = sum_k w_gk [a_k - b_p > cap]``; ``scaled`` ``(C, M)``, ``pivots`` ``(C, A)``,
-    ``weights`` ``(C, G, M)``, ``cap`` of the scores' dtype. The linear sum is ``sum a_k - n (b_p + cap)`` in float64."""
-    rows, width = scaled.shape
-    num_pivots, num_masks = pivots.shape[1], weights.shape[1]
-    bins = np.zeros((3, num_masks, num_pivots + 1))  # by bin: weight of the items >= b, beyond-cap weight, beyond-cap w a
-    above, far = np.empty(width, np.int32), np.empty(width, np.int32)
-    for c in range(rows):
-        order = np.argsort(pivots[c])
-        ascending = pivots[c][order]
-        _count_above(scaled[c], ascending, above)
-        _count_beyond(scaled[c], ascending, cap, far)
-        bins[:] = 0.0
-        for k in range(width):
-            if above[k] == 0:
-                continue
-            a = scaled[c, k]
-            for g in range(num_masks):
-                w = weights[c, g, k]
-                bins[0, g, above[k]] += w
-                bins[1, g, far[k]] += w
-                bins[2, g, far[k]] += w * a
-        for g in range(num_masks):  # pivot i (ascending) is passed by the items of the bins > i
-            count = far_count = far_sum = 0.0
-            for i in range(num_pivots - 1, -1, -1):
-                count += bins[0, g, i + 1]
-                far_count += bins[1, g, i + 1]
-                far_sum += bins[2, g, i + 1]
-                p = order[i]
-                out[c, g, p] = start * count + rho_tau * (far_sum - far_count * (np.float64(ascending[i]) + np.float64(cap)))
-                beyond[c, g, p] = far_count
+@nb.njit(**_JIT)
+def surrogate_sums(scaled, pivots, weights, e, f, direct, cap, start, rho_tau, out, first, last):  # pragma: no cover - compiled
+    """``out[c, g, p] = sum_k w[c, g, k] h(a_k - b_p)`` for rows ``first <= c < last`` (``h``: module docstring), over
+    tiles of :data:`TILE` items; ``scaled`` ``(C, M)``, ``pivots`` ``(C, P)``, ``weights`` ``(C, G, M)``, ``cap`` of
+    their dtype, ``out`` ``(C, G, P)``; ``e`` ``(C, M)``, ``f`` ``(C, P)`` float64, ``direct`` ``(C,)`` from :func:`exponentials`."""
+    width, num_pivots, num_masks = scaled.shape[1], pivots.shape[1], weights.shape[1]
+    at_cap = 1.0 / (1.0 + math.exp(-np.float64(cap)))
+    value, sums = np.empty(TILE), np.empty((num_masks, num_pivots))
+    for c in range(first, last):
+        sums[:] = 0.0
+        for lo in range(0, width, TILE):
+            hi = min(width, lo + TILE)
+            a, v = scaled[c, lo:hi], value[: hi - lo]
+            for p in range(num_pivots):
+                b = pivots[c, p]
+                _logistic(a, b, e[c, lo:hi], f[c, p], direct[c], v)
+                for k in range(hi - lo):
+                    beyond = at_cap + rho_tau * (np.float64(a[k]) - np.float64(b) - np.float64(cap))
+                    v[k] = start * (a[k] >= b) + (beyond if a[k] - b > cap else v[k])
+                for g in range(num_masks):
+                    w = weights[c, g, lo:hi]
+                    total = 0.0
+                    for k in range(hi - lo):
+                        total += w[k] * v[k]
+                    sums[g, p] += total
+        out[c] = sums
 
 
-@nb.njit(nogil=True, cache=True)
-def add_linear_gradient(scaled, pivots, weights, grad, cap, slope, out):  # pragma: no cover - compiled
-    """``out[c, k] += slope * sum_g w_gk sum_{p : a_k - b_p > cap} grad[c, g, p]``: the score side of the linear
-    branch's gradient (``grad`` ``(C, G, A)``), from prefix sums of ``grad`` over each row's pivots sorted."""
-    rows, width = scaled.shape
-    num_pivots, num_masks = pivots.shape[1], weights.shape[1]
-    prefix = np.zeros((num_masks, num_pivots + 1))
-    far = np.empty(width, np.int32)
-    for c in range(rows):
-        order = np.argsort(pivots[c])
-        for g in range(num_masks):
-            for i in range(num_pivots):
-                prefix[g, i + 1] = prefix[g, i] + grad[c, g, order[i]]
-        _count_beyond(scaled[c], pivots[c][order], cap, far)
-        for k in range(width):
-            if far[k] == 0:
-                continue
-            total = 0.0
-            for g in range(num_masks):
-                total += weights[c, g, k] * prefix[g, far[k]]
-            out[c, k] += slope * total
+@nb.njit(**_JIT)
+def surrogate_gradient(scaled, pivots, weights, e, f, direct, cap, grad, rho_tau, d_scores, d_pivots, first, last):  # pragma: no cover - compiled
+    """The gradient of ``sum_{g, p} grad[c, g, p] out[c, g, p]`` (:func:`surrogate_sums`) w.r.t. ``a`` and ``b`` for
+    rows ``first <= c < last``: with ``h'(u) = sigma (1 - sigma)`` (``rho_tau`` beyond ``cap``) and
+    ``t_pk = h'(a_k - b_p) sum_g grad[c, g, p] w[c, g, k]``, ``d_scores[c, k] = sum_p t_pk``, ``d_pivots[c, p] = -sum_k t_pk``."""
+    width, num_pivots, num_masks = scaled.shape[1], pivots.shape[1], weights.shape[1]
+    slope, mixed, total, pivot = np.empty(TILE), np.empty(TILE), np.empty(TILE), np.empty(num_pivots)
+    for c in range(first, last):
+        pivot[:] = 0.0
+        for lo in range(0, width, TILE):
+            hi = min(width, lo + TILE)
+            a, s, m, t = scaled[c, lo:hi], slope[: hi - lo], mixed[: hi - lo], total[: hi - lo]
+            t[:] = 0.0
+            for p in range(num_pivots):
+                b = pivots[c, p]
+                _logistic(a, b, e[c, lo:hi], f[c, p], direct[c], s)
+                for k in range(hi - lo):
+                    s[k] = rho_tau if a[k] - b > cap else s[k] - s[k] * s[k]
+                m[:] = 0.0
+                for g in range(num_masks):
+                    w, factor = weights[c, g, lo:hi], np.float64(grad[c, g, p])
+                    for k in range(hi - lo):
+                        m[k] += factor * w[k]
+                part = 0.0
+                for k in range(hi - lo):
+                    term = s[k] * m[k]
+                    t[k] += term
+                    part += term
+                pivot[p] -= part
+            d_scores[c, lo:hi] = t
+        d_pivots[c] = pivot
+
+
+def over_rows(kernel, rows: int, threads: int, *args) -> None:
+    """``kernel(*args, first, last)`` over ``threads`` contiguous shares of ``[0, rows)`` at once (the calling
+    thread takes the first share; the kernels release the GIL)."""
+    step = -(-rows // max(1, min(threads, rows))) if rows else 1
+    shares = [(first, min(rows, first + step)) for first in range(0, rows, step)]
+    others = [threading.Thread(target=kernel, args=(*args, *share)) for share in shares[1:]]
+    for thread in others:
+        thread.start()
+    try:
+        if shares:
+            kernel(*args, *shares[0])
+    finally:
+        for thread in others:
+            thread.join()
+
+
+def exponentials(scaled: torch.Tensor, pivots: torch.Tensor) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The factors of the sigmoid per row: ``e = exp(m - a)`` ``(C, M)``, ``f = exp(b - m)`` ``(C, P)`` (float64), ``m``
+    the midpoint of the row's lowest and highest scaled score or pivot, and ``direct`` ``(C,)``: rows spread over
+    :data:`SPREAD` (their ``e`` and ``f`` are not used)."""
+    low = torch.minimum(scaled.amin(1), pivots.amin(1)).double() if pivots.shape[1] else scaled.amin(1).double()
+    high = torch.maximum(scaled.amax(1), pivots.amax(1)).double() if pivots.shape[1] else scaled.amax(1).double()
+    centre = ((low + high) / 2).unsqueeze(1)
+    e = torch.sub(centre, scaled).exp_()
+    f = torch.sub(pivots, centre).exp_()
+    return e.numpy(), f.numpy(), (high - low > SPREAD).numpy()

@@ -11,7 +11,8 @@ replace ``H`` in ``rank^-`` (SupRank) or in both terms (Smooth-AP) by a smooth
 surrogate. The per-pivot terms are evaluated for ``C`` queries, ``P`` pivots per
 query (padded) and ``M`` retrieved items — never ``M^3``:
 
-:func:`sigmoid_sums` and :func:`sup_rank_sums` are fused autograd functions evaluated in blocks of
+:func:`sigmoid_sums` and :func:`sup_rank_sums` are fused autograd functions: on CPU one compiled pass each way
+(:mod:`rankopt.rank._surrogate_kernels`, :data:`SUM_METHODS`); the reference (``method="torch"``) is evaluated in blocks of
 :data:`KERNEL_BLOCK` elements ``(rows, P, M)`` that stay in cache (:data:`GPU_KERNEL_BLOCK` on a GPU): the values and the derivative are
 computed in place in two reused block buffers, the sums over items and the gradients are batched
 products (``bmm``), and the backward recomputes the derivative block by block: no ``(C, P, M)`` tensor
@@ -70,71 +71,75 @@ def sup_step(t: torch.Tensor, tau: float = 0.01, rho: float = 100.0, delta: floa
 
 class _SurrogateSums(torch.autograd.Function):
     """``S[c, p, g] = sum_k masks[c, g, k] * f((s[c, k] - t[c, p]) / tau)`` with ``f = sigma`` (no ``cap``)
-    or ``f(u) = sigma(min(u, cap)) + start * H(u) + rho_tau * [u - cap]_+`` (``H^-`` in units of ``tau``),
-    in blocks of rows (:func:`_blocks`); the backward recomputes ``f'`` block by block (saved: the scaled
-    scores, the pivots and the masks, no ``(C, P, M)`` tensor: its fresh pages cost more than the recomputation).
-    ``compiled``: the step and linear terms come from :mod:`rankopt.rank._surrogate_kernels` (sorted pivots),
-    the blocks only carry ``sigma(min(u, cap))``; else every term is a dense pass over the blocks (the reference)."""
+    or ``f(u) = sigma(min(u, cap)) + start * H(u) + rho_tau * [u - cap]_+`` (``H^-`` in units of ``tau``).
+    ``compiled`` (CPU): one pass of :mod:`rankopt.rank._surrogate_kernels` each way, rows split over
+    ``torch.get_num_threads()`` threads; else (the reference) dense passes over blocks of rows (:func:`_blocks`) whose
+    backward recomputes ``f'`` block by block. Saved: the scaled scores, the pivots and the masks, no ``(C, P, M)`` tensor."""
 
     @staticmethod
     def forward(ctx, scores, pivot_scores, masks, tau: float, cap: float | None, rho_tau: float, start: float, compiled: bool):  # type: ignore[override]
         scaled, pivots = scores / tau, pivot_scores / tau
         # the masks are the left factor of every product: (G, M) x (M, P) is ~5x faster on CPU than (P, M) x (M, G)
         weights = masks.to(scaled.dtype).contiguous()  # (C, G, M)
-        num_masks = weights.shape[1]
-        dense_steps = cap is not None and not compiled
-        if dense_steps:  # [w ; w s / tau]: counts and sums of the items beyond cap in one product
-            beyond_left = torch.cat([weights, weights * scaled.unsqueeze(1)], dim=1)
-        sums = scaled.new_empty(pivots.shape[0], num_masks, pivots.shape[1])  # (C, G, P)
-        for rows, u, indicator in _blocks(scaled, pivots):
-            if not dense_steps:
-                torch.bmm(weights[rows], (u if cap is None else u.clamp_(max=cap)).sigmoid_().transpose(1, 2), out=sums[rows])
-                continue
-            block = torch.bmm(weights[rows], torch.ge(u, 0.0, out=indicator).transpose(1, 2)).mul_(start)  # the pessimistic step H(u)
-            # sum_k w_k [u_k > cap] (u_k - cap) = sum_k w_k [.] s_k / tau - (t_p / tau + cap) #{.}
-            beyond = torch.bmm(beyond_left[rows], torch.gt(u, cap, out=indicator).transpose(1, 2))
-            block += rho_tau * (beyond[:, num_masks:] - (pivots[rows] + cap).unsqueeze(1) * beyond[:, :num_masks])
-            sums[rows] = block.baddbmm_(weights[rows], u.clamp_(max=cap).sigmoid_().transpose(1, 2))
-        beyond_counts = None
-        if cap is not None and compiled:
-            from rankopt.rank import _surrogate_kernels as kernels  # noqa: PLC0415 - numba, compiled on first use
-
-            steps, beyond_counts = torch.empty_like(sums), torch.empty_like(sums)
-            arrays = [t.detach().contiguous().numpy() for t in (scaled, pivots, weights)]
-            kernels.step_linear_sums(*arrays, arrays[0].dtype.type(cap), start, rho_tau, steps.numpy(), beyond_counts.numpy())
-            sums += steps
-        ctx.save_for_backward(scaled, pivots, weights, beyond_counts)
+        ctx.save_for_backward(scaled, pivots, weights)
         ctx.tau, ctx.cap, ctx.rho_tau, ctx.compiled = tau, cap, rho_tau, compiled
+        sums = scaled.new_empty(pivots.shape[0], weights.shape[1], pivots.shape[1])  # (C, G, P)
+        if compiled:
+            _run_compiled("surrogate_sums", scaled, pivots, weights, cap, start, rho_tau, sums)
+        else:
+            _dense_sums(scaled, pivots, weights, cap, rho_tau, start, sums)
         return sums.transpose(1, 2)
 
     @staticmethod
     def backward(ctx, grad):  # type: ignore[override]
-        scaled, pivots, weights, beyond_counts = ctx.saved_tensors
+        scaled, pivots, weights = ctx.saved_tensors
         grad = (grad.to(scaled.dtype) / ctx.tau).transpose(1, 2).contiguous()  # (C, G, P)
         d_scores, d_pivots = torch.empty_like(scaled), torch.empty_like(pivots)
+        if ctx.compiled:
+            _run_compiled("surrogate_gradient", scaled, pivots, weights, ctx.cap, grad, ctx.rho_tau, d_scores, d_pivots)
+            return d_scores, d_pivots, None, None, None, None, None, None
         cap = ctx.cap
         at_cap = 0.0 if cap is None else 1.0 / (1.0 + math.exp(-cap))
         extra_slope = ctx.rho_tau - at_cap * (1.0 - at_cap)  # on the linear branch: rho_tau instead of sigma'(cap)
-        dense_steps = cap is not None and not ctx.compiled
         for rows, slope, beyond in _blocks(scaled, pivots):
-            if dense_steps:
+            if cap is not None:
                 torch.gt(slope, cap, out=beyond)  # the linear branch, as floats
-            if cap is not None:  # sigma'(min(u, cap)): sigma'(cap) where u was capped
-                slope.clamp_(max=cap)
+                slope.clamp_(max=cap)  # sigma'(min(u, cap)): sigma'(cap) where u was capped
             slope.sigmoid_()
             slope.addcmul_(slope, slope, value=-1.0)  # sigma' = sigma (1 - sigma), in place
-            if dense_steps:
+            if cap is not None:
                 slope.add_(beyond, alpha=extra_slope)
             # dL/du[c,p,k] = slope[c,p,k] * sum_g grad[c,g,p] weights[c,g,k]; u = (s_k - t_p) / tau
             d_scores[rows] = (torch.bmm(grad[rows], slope) * weights[rows]).sum(1)
             d_pivots[rows] = -(torch.bmm(weights[rows], slope.transpose(1, 2)) * grad[rows]).sum(1)
-        if cap is not None and ctx.compiled:  # the linear branch beyond cap from the sorted pivots
-            from rankopt.rank import _surrogate_kernels as kernels  # noqa: PLC0415
-
-            arrays = [t.contiguous().numpy() for t in (scaled, pivots, weights, grad)]
-            kernels.add_linear_gradient(*arrays, arrays[0].dtype.type(cap), extra_slope, d_scores.numpy())
-            d_pivots -= extra_slope * (grad * beyond_counts).sum(1)
         return d_scores, d_pivots, None, None, None, None, None, None
+
+
+def _dense_sums(scaled, pivots, weights, cap: float | None, rho_tau: float, start: float, sums: torch.Tensor) -> None:
+    """The reference forward of :class:`_SurrogateSums` into ``sums`` ``(C, G, P)``: dense passes over blocks of rows."""
+    num_masks = weights.shape[1]
+    if cap is not None:  # [w ; w s / tau]: counts and sums of the items beyond cap in one product
+        beyond_left = torch.cat([weights, weights * scaled.unsqueeze(1)], dim=1)
+    for rows, u, indicator in _blocks(scaled, pivots):
+        if cap is None:
+            torch.bmm(weights[rows], u.sigmoid_().transpose(1, 2), out=sums[rows])
+            continue
+        block = torch.bmm(weights[rows], torch.ge(u, 0.0, out=indicator).transpose(1, 2)).mul_(start)  # the pessimistic step H(u)
+        # sum_k w_k [u_k > cap] (u_k - cap) = sum_k w_k [.] s_k / tau - (t_p / tau + cap) #{.}
+        beyond = torch.bmm(beyond_left[rows], torch.gt(u, cap, out=indicator).transpose(1, 2))
+        block += rho_tau * (beyond[:, num_masks:] - (pivots[rows] + cap).unsqueeze(1) * beyond[:, :num_masks])
+        sums[rows] = block.baddbmm_(weights[rows], u.clamp_(max=cap).sigmoid_().transpose(1, 2))
+
+
+def _run_compiled(name: str, scaled: torch.Tensor, pivots: torch.Tensor, weights: torch.Tensor, cap: float | None, *rest) -> None:
+    """Call kernel ``name`` of :mod:`rankopt.rank._surrogate_kernels` over the rows in ``torch.get_num_threads()``
+    threads; tensors go as numpy views (outputs written in place), ``cap`` (``None``: inf) in the scores' dtype."""
+    from rankopt.rank import _surrogate_kernels as kernels  # noqa: PLC0415 - numba, compiled on first use
+
+    arrays = [t.detach().contiguous().numpy() for t in (scaled, pivots, weights)]
+    arrays += [*kernels.exponentials(scaled.detach(), pivots.detach()), arrays[0].dtype.type(math.inf if cap is None else cap)]
+    arrays += [arg.numpy() if isinstance(arg, torch.Tensor) else arg for arg in rest]
+    kernels.over_rows(getattr(kernels, name), scaled.shape[0], torch.get_num_threads(), *arrays)
 
 
 def _blocks(scaled: torch.Tensor, pivots: torch.Tensor):
@@ -153,22 +158,27 @@ def _blocks(scaled: torch.Tensor, pivots: torch.Tensor):
         yield rows, u, other[:count]
 
 
-def sigmoid_sums(scores: torch.Tensor, pivot_scores: torch.Tensor, masks: torch.Tensor, tau: float) -> torch.Tensor:
-    """``(C, P, G)``: ``sum_{k in mask g} sigma((s_k - s_p) / tau)`` for every pivot ``p`` and mask ``g``
-    (``scores`` ``(C, M)``, ``pivot_scores`` ``(C, P)``, ``masks`` ``(C, G, M)`` bool or 0/1 floats).
-    Memory: two blocks of :data:`KERNEL_BLOCK` floats and the ``(C, G, M)`` float masks."""
-    return _SurrogateSums.apply(scores, pivot_scores, masks, float(tau), None, 0.0, 0.0, False)
-
-
 SUM_METHODS = ("auto", "compiled", "torch")
-"""How :func:`sup_rank_sums` evaluates the step and linear terms of ``H^-``: ``"compiled"`` (CPU: counts and sums over
-each row's sorted pivots, :mod:`rankopt.rank._surrogate_kernels`), ``"torch"`` (dense passes over the ``(C, P, M)``
-blocks, any device: the reference) or ``"auto"`` (compiled on CPU, float32 or float64, from :data:`COMPILED_MIN_PIVOTS`
-pivots per row). The sigmoid term is dense in both."""
-COMPILED_MIN_PIVOTS = 16
-"""``method="auto"``: fewest pivots per row for the compiled sums. Measured (2 threads, B = 4096): with 31 pivots
-(``hap``, coarsest level shared) they save ~15% of the loss's time, with 3 (``sup_ap``) they cost ~20% more: the
-dense step passes over few pivots are cheaper than the single-threaded kernel's pass over the items."""
+"""How :func:`sup_rank_sums` and :func:`sigmoid_sums` are evaluated: ``"compiled"`` (CPU, float32 or float64: one
+numba pass each way, :mod:`rankopt.rank._surrogate_kernels`), ``"torch"`` (dense passes over the ``(C, P, M)``
+blocks, any device: the reference) or ``"auto"`` (compiled where it applies)."""
+
+
+def _compiled(method: str, scores: torch.Tensor) -> bool:
+    """Whether ``method`` (:data:`SUM_METHODS`) runs the compiled kernels on these scores; refuses what it cannot run."""
+    if method not in SUM_METHODS:
+        raise ValueError(f"unknown method {method!r}; use one of {', '.join(SUM_METHODS)}")
+    applies = scores.device.type == "cpu" and scores.dtype in (torch.float32, torch.float64)
+    if method == "compiled" and not applies:
+        raise ValueError(f"method='compiled' needs float32 or float64 CPU scores, got {scores.dtype} on {scores.device}")
+    return applies and method != "torch"
+
+
+def sigmoid_sums(scores: torch.Tensor, pivot_scores: torch.Tensor, masks: torch.Tensor, tau: float, method: str = "auto") -> torch.Tensor:
+    """``(C, P, G)``: ``sum_{k in mask g} sigma((s_k - s_p) / tau)`` (Smooth-AP Eq. 6) for every pivot ``p`` and mask ``g``
+    (``scores`` ``(C, M)``, ``pivot_scores`` ``(C, P)``, ``masks`` ``(C, G, M)`` bool or 0/1 floats; ``method``:
+    :data:`SUM_METHODS`). Memory: the ``(C, G, M)`` float masks (``"torch"``: and two blocks of :data:`KERNEL_BLOCK` floats)."""
+    return _SurrogateSums.apply(scores, pivot_scores, masks, float(tau), None, 0.0, 0.0, _compiled(method, scores))
 
 
 def sup_rank_sums(
@@ -185,19 +195,12 @@ def sup_rank_sums(
     """``(C, P, G)``: ``sum_{k in mask g} H^-(s_k - s_p)`` (TPAMI Eq. 5) for every pivot and mask, using
     ``H^-(t) = sigma(min(t, delta) / tau) + start * H(t) + rho * [t - delta]_+`` (= Eq. 4).
 
-    The linear branch is summed as ``rho * (sum s_k - n (s_p + delta))`` over the items beyond
-    ``delta`` only, so its float error is relative to those items' own contribution.
-    ``method`` (:data:`SUM_METHODS`): ``"compiled"`` sums ``start * H`` and the linear branch over each row's sorted
-    pivots (a branch-free count of the pivots each item passes, one bin update per item and mask; float64 sums; the
-    same float tests ``s_k >= s_p`` and ``fl(s_k / tau - s_p / tau) > delta / tau``) and leaves only the sigmoid to the blocks. Memory: two blocks of :data:`KERNEL_BLOCK` floats and ``(C, G, M)``
-    float masks (``"torch"``: ``(C, 3G, M)``, masks times scores too).
+    ``method`` (:data:`SUM_METHODS`): ``"compiled"`` evaluates ``H^-`` per pair in float64 with the dense path's float
+    tests ``s_k >= s_p`` and ``fl(s_k / tau - s_p / tau) > delta / tau``; ``"torch"`` sums the linear branch as
+    ``rho * (sum s_k - n (s_p + delta))`` over the items beyond ``delta``. Memory: ``(C, G, M)`` float masks
+    (``"torch"``: ``(C, 3G, M)``, masks times scores too, and two blocks of :data:`KERNEL_BLOCK` floats).
     """
-    if method not in SUM_METHODS:
-        raise ValueError(f"unknown method {method!r}; use one of {', '.join(SUM_METHODS)}")
-    applies = scores.device.type == "cpu" and scores.dtype in (torch.float32, torch.float64)
-    if method == "compiled" and not applies:
-        raise ValueError(f"method='compiled' needs float32 or float64 CPU scores, got {scores.dtype} on {scores.device}")
-    compiled = applies and (method == "compiled" or (method == "auto" and pivot_scores.shape[1] >= COMPILED_MIN_PIVOTS))
+    compiled = _compiled(method, scores)
     return _SurrogateSums.apply(scores, pivot_scores, masks, float(tau), float(delta) / float(tau), float(rho) * float(tau), float(start), compiled)
 
 

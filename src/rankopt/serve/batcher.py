@@ -1,12 +1,8 @@
 """Micro-batching: image queries that arrive together are transformed and embedded by one forward pass.
 
-Every torch operation of the service runs on one thread, the batcher's (*the torch thread*): each
-image's transform, the batched forward and (through :meth:`MicroBatcher.call`) the searches. Torch's
-intra-op threads belong to that thread alone: on a CPU, torch ops from a second thread start a second
-OpenMP team whose idle threads spin against the forward's (measured on 2 cores: a batch-1 MobileNetV2
-forward took twice as long while the request threads transformed and searched beside it), and
-``torch.set_num_threads`` from another thread changes the thread count of the forward mid-flight. The
-request threads only decode (Pillow, without the GIL).
+Every torch operation of the service runs on :data:`~rankopt.serve.torch_thread.TORCH_THREAD` (why:
+that module's docstring): each image's transform, the batched forward and the searches. The request
+threads only decode (Pillow, without the GIL).
 
 Requests put their decoded image on an asyncio queue and await its embedding. One collector takes the
 first waiting image and every image already queued; when images are still being decoded
@@ -15,8 +11,9 @@ the torch thread transforms and embeds up to ``max_batch`` images while new requ
 the batches grow by themselves, so throughput grows with the number of clients; a lone request never
 waits. A query's follow-up (``then``: its search) runs on the torch thread right after its batch's
 forward, before the next batch: queued behind the next forward instead, every query would spend two
-forwards in the server and the batches would stay half as large. Images are grouped by model and transformed size (a reload or a size-keeping transform may mix
-them); an image whose transform fails fails its own request only.
+forwards in the server and the batches would stay half as large. Images are grouped by model and
+transformed size (a reload or a size-keeping transform may mix them); an image whose transform fails
+fails its own request only.
 """
 
 from __future__ import annotations
@@ -25,13 +22,13 @@ import asyncio
 import contextlib
 import time
 from collections.abc import Callable, Iterator
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import torch
 
 from rankopt.serve.holder import Snapshot
+from rankopt.serve.torch_thread import TORCH_THREAD
 
 R = TypeVar("R")
 Then = Callable[[torch.Tensor], Any]
@@ -67,13 +64,11 @@ class MicroBatcher:
         self.on_stage = on_stage
         self._queue: asyncio.Queue[_Job] | None = None
         self._task: asyncio.Task[None] | None = None
-        self._executor: ThreadPoolExecutor | None = None
         self._expected = 0
 
     async def start(self) -> None:
+        await TORCH_THREAD.call(torch.set_num_threads, self.threads)
         self._queue = asyncio.Queue()
-        self._executor = ThreadPoolExecutor(1, thread_name_prefix="rankopt-torch",
-                                            initializer=torch.set_num_threads, initargs=(self.threads,))
         self._task = asyncio.get_running_loop().create_task(self._collect())
 
     async def stop(self) -> None:
@@ -81,9 +76,7 @@ class MicroBatcher:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
-        if self._executor is not None:
-            self._executor.shutdown(wait=True)
-        self._task = self._executor = self._queue = None
+        self._task = self._queue = None
 
     @contextlib.contextmanager
     def expecting(self) -> Iterator[None]:
@@ -97,9 +90,7 @@ class MicroBatcher:
 
     async def call(self, fn: Callable[..., R], *args: Any) -> R:
         """``fn(*args)`` on the torch thread, after the batches already handed to it."""
-        if self._executor is None:
-            raise RuntimeError("the micro-batcher is not started")
-        return await asyncio.get_running_loop().run_in_executor(self._executor, fn, *args)
+        return await TORCH_THREAD.call(fn, *args)
 
     async def embed(self, snapshot: Snapshot, image: Any, *, then: Then | None = None) -> Any:
         if self._queue is None:

@@ -5,7 +5,8 @@ A request takes :attr:`IndexHolder.current` (a :class:`Snapshot`) once and uses 
 reload never drops or mixes requests: in-flight ones finish on the old index and model, later ones
 get the new. :meth:`IndexHolder.poll` compares the folder's version (:func:`rankopt.search.storage.version`,
 one more at each change) with the served one's and loads the new index (and, when its fingerprint
-differs, its model) off to the side; a folder failing to load leaves the served snapshot in place.
+differs, its model) off to the side, on the torch thread (:mod:`rankopt.serve.torch_thread`: no torch
+operation runs on any other thread); a folder failing to load leaves the served snapshot in place.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import torch
 from torch import nn
 
 from rankopt.search import Embedder, Index, storage
+from rankopt.serve.torch_thread import TORCH_THREAD
 
 
 @dataclass(frozen=True)
@@ -68,7 +70,7 @@ class IndexHolder:
         self._lock = threading.Lock()
         self.last_error: str | None = None
         """Why the last reload failed (cleared by a successful one)."""
-        self.current: Snapshot = self._load(None)
+        self.current: Snapshot = TORCH_THREAD.run(self._load, None)
 
     def _load(self, previous: Snapshot | None) -> Snapshot:
         """The folder's index and embedder (the previous embedder kept when the fingerprint is the same)."""
@@ -90,7 +92,7 @@ class IndexHolder:
                 if storage.version(self.directory) == self.current.version:
                     self.last_error = None
                     return None
-                loaded = self._load(self.current)
+                loaded = TORCH_THREAD.run(self._load, self.current)
             except Exception as err:  # noqa: BLE001 - any failure keeps the served index; reported by /health
                 error = f"{type(err).__name__}: {err}"
                 if error == self.last_error:

@@ -82,7 +82,7 @@ def worker(kind: str, n: int, threads: int, chunk: int) -> dict:
 
     from rankopt.metrics import evaluate, evaluation
     from rankopt.metrics.search import chunk_scorer
-    from rankopt.metrics.threads import ThreadPool
+    from rankopt.threads import ThreadPool
 
     torch.set_num_threads(threads)
     metrics = HIERARCHICAL if kind == "c" else None

@@ -1,4 +1,4 @@
-"""CPU evaluation on a thread pool (:mod:`rankopt.metrics.threads`): query chunks scored and served by
+"""CPU evaluation on a thread pool (:mod:`rankopt.threads`): query chunks scored and served by
 several threads give the brute-force values, in the chunks' order; torch's thread count comes back,
 also after an error. All data are synthetic."""
 
@@ -12,7 +12,7 @@ import torch
 
 import rankopt.metrics.evaluation as ev
 from rankopt.metrics import evaluate
-from rankopt.metrics.threads import ThreadPool
+from rankopt.threads import ThreadPool
 
 from . import reference
 from .test_exactness import BINARY, HIER, _assert_close, _case

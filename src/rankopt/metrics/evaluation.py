@@ -48,7 +48,7 @@ from rankopt.metrics.groups import CategoryTotals, ExclusionGroups, category_cod
 from rankopt.metrics.hierarchical import LevelIndex, RankedLevels, hierarchical_metrics
 from rankopt.metrics.ranking import ClassIndex, count_at_least, count_below, list_ranks, sorted_rows
 from rankopt.metrics import arguments, tiled
-from rankopt.metrics.threads import ThreadPool
+from rankopt.threads import ThreadPool
 from rankopt.metrics.search import (
     CHUNK_BUDGET_BYTES,
     chunk_scorer,

@@ -33,7 +33,7 @@ import numpy as np
 import torch
 
 from rankopt.metrics.ranking import tie_ends
-from rankopt.metrics.threads import ThreadPool
+from rankopt.threads import ThreadPool
 from rankopt.similarity import pairwise, prepare
 
 TILE = 2048  # rows and columns of a tile (measured fastest with top-k heaps, and for a separate gallery)

@@ -8,13 +8,13 @@ In units of ``tau`` (``u = a_k - b_p``, ``a`` the scaled scores, ``b`` the scale
 per pair (vectorised).
 The branch tests are the dense path's float tests in the arrays' dtype, ``a_k >= b_p`` and ``fl(a_k - b_p) > cap``;
 the values and sums are float64. A row whose scores and pivots spread over more than :data:`SPREAD` (``e_k`` or
-``f_p`` would overflow) takes ``exp(b_p - a_k)`` per pair. Rows are split over threads (``nogil`` kernels).
+``f_p`` would overflow) takes ``exp(b_p - a_k)`` per pair. The kernels release the GIL: rows are split over threads
+(:class:`rankopt.threads.ThreadPool`).
 """
 
 from __future__ import annotations
 
 import math
-import threading
 
 import numba as nb
 import numpy as np
@@ -101,22 +101,6 @@ def surrogate_gradient(scaled, pivots, weights, e, f, direct, cap, grad, rho_tau
                 pivot[p] -= part
             d_scores[c, lo:hi] = t
         d_pivots[c] = pivot
-
-
-def over_rows(kernel, rows: int, threads: int, *args) -> None:
-    """``kernel(*args, first, last)`` over ``threads`` contiguous shares of ``[0, rows)`` at once (the calling
-    thread takes the first share; the kernels release the GIL)."""
-    step = -(-rows // max(1, min(threads, rows))) if rows else 1
-    shares = [(first, min(rows, first + step)) for first in range(0, rows, step)]
-    others = [threading.Thread(target=kernel, args=(*args, *share)) for share in shares[1:]]
-    for thread in others:
-        thread.start()
-    try:
-        if shares:
-            kernel(*args, *shares[0])
-    finally:
-        for thread in others:
-            thread.join()
 
 
 def exponentials(scaled: torch.Tensor, pivots: torch.Tensor) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

@@ -29,6 +29,8 @@ import math
 
 import torch
 
+from rankopt.threads import ThreadPool
+
 KERNEL_BLOCK = 1 << 20
 """Elements of one ``(rows, P, M)`` block of the fused kernels (4 MiB of float32 per buffer, two buffers)."""
 GPU_KERNEL_BLOCK = 1 << 26
@@ -139,7 +141,9 @@ def _run_compiled(name: str, scaled: torch.Tensor, pivots: torch.Tensor, weights
     arrays = [t.detach().contiguous().numpy() for t in (scaled, pivots, weights)]
     arrays += [*kernels.exponentials(scaled.detach(), pivots.detach()), arrays[0].dtype.type(math.inf if cap is None else cap)]
     arrays += [arg.numpy() if isinstance(arg, torch.Tensor) else arg for arg in rest]
-    kernels.over_rows(getattr(kernels, name), scaled.shape[0], torch.get_num_threads(), *arrays)
+    kernel = getattr(kernels, name)
+    with ThreadPool(torch.get_num_threads()) as pool:
+        pool.run(lambda _, first, last: kernel(*arrays, first, last), scaled.shape[0])
 
 
 def _blocks(scaled: torch.Tensor, pivots: torch.Tensor):

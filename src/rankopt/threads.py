@@ -1,4 +1,5 @@
-"""A thread pool for CPU evaluation work, with torch single-threaded while it runs (:class:`ThreadPool`)."""
+"""A thread pool for CPU work split over rows (evaluation, the compiled rank sums), with torch single-threaded
+while it runs (:class:`ThreadPool`)."""
 
 from __future__ import annotations
 

@@ -23,7 +23,7 @@ import numpy as np
 import torch
 from PIL import Image, UnidentifiedImageError
 
-from rankopt.data.decode import decode_image
+from rankopt.data.decode import decode_image, decode_jpeg_pixels
 from rankopt.data.face_alignment import ARCFACE_SIZE, align_face
 from rankopt.registry import Registry
 
@@ -265,17 +265,25 @@ class RetrievalDataset(torch.utils.data.Dataset):
     def __len__(self) -> int:
         return len(self.paths)
 
-    def load(self, index: int, min_side: int | None = None) -> Image.Image:
+    def read(self, index: int) -> bytes:
+        """The bytes of item ``index``'s file; a :class:`BadImageError` naming it and its line when they cannot be read."""
+        try:
+            return _read_bytes(self.paths[index])
+        except (OSError, KeyError, zipfile.BadZipFile) as err:
+            raise BadImageError(f"cannot read image {self.paths[index]!r} (listed at {self.sources[index]}): {err}") from err
+
+    def load(self, index: int, min_side: int | None = None, data: bytes | None = None) -> Image.Image:
         """The decoded RGB image: aligned on its landmarks if it has them, else cropped to its box if
         it has one (the part of the box inside the image: no padding). ``min_side``: the shorter side
         the transform resizes to, allowing a reduced JPEG decode (:func:`load_image`; not for items
-        with landmarks or a box, whose coordinates are in full-size pixels)."""
+        with landmarks or a box, whose coordinates are in full-size pixels). ``data``: the file's bytes, when read already."""
         path = self.paths[index]
         if index in self.landmarks or index in self.boxes:
             min_side = None
+        data = self.read(index) if data is None else data
         try:
-            img = load_image(path, min_side)
-        except (OSError, UnidentifiedImageError, ValueError, KeyError, zipfile.BadZipFile) as err:
+            img = to_rgb(decode_image(data, min_side))
+        except (OSError, UnidentifiedImageError, ValueError) as err:
             why = "not an image file Pillow can read" if isinstance(err, UnidentifiedImageError) else err
             raise BadImageError(f"cannot read image {path!r} (listed at {self.sources[index]}): {why}") from err
         points = self.landmarks.get(index)
@@ -292,8 +300,16 @@ class RetrievalDataset(torch.utils.data.Dataset):
         return img.crop((x1, y1, x2, y2))
 
     def __getitem__(self, index: int) -> dict[str, Any]:
-        img = self.load(index, getattr(self.transform, "decode_min_side", None))
-        image = self.transform(img) if self.transform is not None else pil_to_tensor(img)
+        min_side = getattr(self.transform, "decode_min_side", None)
+        data = self.read(index)
+        # a transform with a fused path takes a JPEG's pixels as decoded (no Pillow image), unless the item is cropped or aligned
+        plain = getattr(self.transform, "takes_pixels", False) and index not in self.landmarks and index not in self.boxes
+        pixels = decode_jpeg_pixels(data, min_side) if plain else None
+        if pixels is not None:
+            image = self.transform(pixels)
+        else:
+            img = self.load(index, min_side, data)
+            image = self.transform(img) if self.transform is not None else pil_to_tensor(img)
         return {"image": image, "label": torch.from_numpy(self.labels[index]), "index": int(index), "path": self.paths[index]}
 
     def summary(self) -> dict[str, Any]:

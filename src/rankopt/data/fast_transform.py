@@ -284,11 +284,12 @@ class FusedPath:
     scale: np.ndarray  # (3,) float32: 1 / (255 std)
     bias: np.ndarray  # (3,) float32: -mean / std
 
-    def __call__(self, image: Image.Image) -> torch.Tensor | None:
-        """RGB image -> ``(3, h, w)``; None when a center crop exceeds the resized image (the steps' fallback)."""
+    def __call__(self, image: Image.Image | np.ndarray) -> torch.Tensor | None:
+        """RGB image, or its ``(H, W, 3)`` uint8 pixels, -> ``(3, h, w)``; None when a center crop exceeds the
+        resized image (the steps' fallback)."""
         from rankopt.data import _resample_kernels as kernels  # noqa: PLC0415 - numba, compiled on first use
 
-        height, width = image.height, image.width
+        height, width = image.shape[:2] if isinstance(image, np.ndarray) else (image.height, image.width)
         resized, align, blur = (height, width), True, ((1, 0.0), (1, 0.0))
         if self.resize is not None:
             size = self.resize.size
@@ -308,7 +309,7 @@ class FusedPath:
         flip = self.flip is not None and self.flip.draw()
         rows = kernels.axis_taps(height, resized[0], *blur[0], align, top, h, target[0], align_window, False)
         cols = kernels.axis_taps(width, resized[1], *blur[1], align, left, w, target[1], align_window, flip)
-        pixels = np.asarray(image).reshape(height, width * 3)
+        pixels = np.ascontiguousarray(image).reshape(height, width * 3)
         return torch.from_numpy(kernels.render(pixels, *rows, *cols, self.scale, self.bias))
 
 
@@ -340,10 +341,13 @@ class FastPath:
     steps: tuple[Step, ...]
     fused: FusedPath | None = None
 
-    def __call__(self, image: Image.Image) -> torch.Tensor:
-        rgb = to_rgb(image)
+    def __call__(self, image: Image.Image | np.ndarray) -> torch.Tensor:
+        """A PIL image, or ``(H, W, 3)`` uint8 RGB pixels (:func:`~rankopt.data.decode.decode_jpeg_pixels`)."""
+        rgb = image if isinstance(image, np.ndarray) else to_rgb(image)
         out = self.fused(rgb) if self.fused is not None else None
-        return self.stepwise(rgb) if out is None else out
+        if out is not None:
+            return out
+        return self.stepwise(Image.fromarray(rgb) if isinstance(rgb, np.ndarray) else rgb)
 
     @torch.no_grad()
     def stepwise(self, image: Image.Image) -> torch.Tensor:

@@ -37,6 +37,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import kornia.augmentation as K
+import numpy as np
 import torch
 from PIL import Image
 
@@ -98,8 +99,8 @@ class AreaResize(torch.nn.Module):
 
 
 class ImageTransform:
-    """PIL image (any mode) or (3, H, W) tensor in [0, 1] -> normalised FloatTensor (3, H, W);
-    a (B, 3, H, W) batch -> (B, 3, h, w) with independent random parameters per image.
+    """PIL image (any mode), ``(H, W, 3)`` uint8 RGB array or (3, H, W) tensor in [0, 1] -> normalised FloatTensor
+    (3, h, w); a (B, 3, H, W) batch -> (B, 3, h, w) with independent random parameters per image.
 
     Applying it to whole batches of same-size images (e.g. the synthetic set decoded with
     ``transform=None``) is an order of magnitude faster than per image (kornia's per-call cost).
@@ -114,8 +115,19 @@ class ImageTransform:
         self.fast = compile_fast_path(ops)
         self.decode_min_side = decode_min_side(ops)
 
-    def __call__(self, image: Image.Image | torch.Tensor) -> torch.Tensor:
-        if isinstance(image, Image.Image) and self.fast is not None:
+    @property
+    def takes_pixels(self) -> bool:
+        """Whether ``(H, W, 3)`` uint8 RGB arrays take the fused path (a dataset may then hand over a JPEG's
+        pixels as decoded, :func:`~rankopt.data.decode.decode_jpeg_pixels`, without a Pillow image)."""
+        return self.fast is not None and self.fast.fused is not None
+
+    def __call__(self, image: Image.Image | np.ndarray | torch.Tensor) -> torch.Tensor:
+        if isinstance(image, np.ndarray):
+            if image.dtype != np.uint8 or image.ndim != 3 or image.shape[2] != 3:
+                raise ValueError(f"expected (H, W, 3) uint8 RGB pixels, got {image.dtype} {image.shape}")
+            if self.fast is None:
+                return self.reference(Image.fromarray(image))
+        if isinstance(image, (Image.Image, np.ndarray)) and self.fast is not None:
             return self.fast(image)
         return self.reference(image)
 

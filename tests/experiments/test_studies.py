@@ -16,16 +16,10 @@ from rankopt.cli.study import STUDY_NAMES
 from rankopt.config import load_config
 from rankopt.engine.diagnostics import DIAGNOSTICS, SURROGATES, surrogate_ap_errors
 from rankopt.experiments.runner import RunSpec
-from rankopt.experiments.studies import (
-    CALIBRATION_LOSSES,
-    NO_VALUE,
-    QUICK_OVERRIDES,
-    STUDIES,
-    Settings,
-    Table,
-    operating_fractions,
-    run_study,
-)
+from rankopt.experiments.studies import STUDIES, run_study
+from rankopt.experiments.study_analyses import operating_fractions
+from rankopt.experiments.study_settings import CALIBRATION_LOSSES, QUICK_OVERRIDES, Settings
+from rankopt.experiments.study_tables import NO_VALUE, Table
 from rankopt.metrics import evaluate
 from rankopt.rank import default_delta
 from rankopt.report.stats import summarize

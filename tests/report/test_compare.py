@@ -16,7 +16,7 @@ from scipy import stats as sps
 
 from rankopt.cli import main
 from rankopt.config import load_config, save_config
-from rankopt.report.compare import compare_runs, load_run, markdown_tables, write_comparison
+from rankopt.report import compare_runs, load_run, markdown_tables, write_comparison
 from rankopt.report.html import check_page
 from rankopt.viz.comparison import GroupNeighbours, mean_curve, plot_retrieval_rows
 

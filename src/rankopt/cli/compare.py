@@ -34,7 +34,7 @@ def run(args: argparse.Namespace) -> int:
     import sys
     import warnings
 
-    from rankopt.report.compare import compare_runs, markdown_tables, write_comparison
+    from rankopt.report import compare_runs, markdown_tables, write_comparison
 
     if not args.run_dirs:
         raise ValueError("no run folder given: rankopt compare RUN_DIR [RUN_DIR ...]")

@@ -38,7 +38,8 @@ def register(subparsers: Any) -> None:
 def run(args: argparse.Namespace) -> int:
     import sys
 
-    from rankopt.experiments.studies import StudyError, run_study
+    from rankopt.experiments.studies import run_study
+    from rankopt.experiments.study_settings import StudyError
 
     try:
         run_study(args.name, recipe=args.recipe, root=args.root, out_dir=args.out, seeds=args.seeds, jobs=args.jobs,

@@ -217,7 +217,7 @@ def run_benchmark(
     runs = [o.run_dir for o in outcomes if o.status != "failed"]
     comparison: dict[str, Path] = {}
     if runs:
-        from rankopt.report.compare import compare_runs, write_comparison
+        from rankopt.report import compare_runs, write_comparison
 
         groups = {o.spec.tags.get("loss") for o in outcomes}
         comparison = write_comparison(

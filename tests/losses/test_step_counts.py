@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import rankopt.losses as L
-from rankopt.rank.surrogates import has_lower_item, level_step_counts, pairwise_step_counts
+from rankopt.rank.surrogates import has_lower_item, level_step_counts, level_step_sums, pairwise_step_counts, positive_rank_weights
 
 from . import reference as R
 from .test_exactness import check
@@ -68,6 +68,52 @@ def test_level_step_counts_match_brute_force_with_ties_and_padding(dtype):
     for m in range(3):  # the pairwise reference, one level at a time
         pairwise = pairwise_step_counts(scores, scores, one_hot[..., m].unsqueeze(1).expand(-1, 11, -1))
         torch.testing.assert_close(counts[..., m], pairwise, rtol=0, atol=0)
+
+
+def brute_sums(scores: torch.Tensor, levels: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+    """``sum_{j : l_j > 0, s_j >= s_k} weights[c, l_k, l_j - 1, q]`` from the definition, float64."""
+    weights = weights.double().expand(scores.shape[0], -1, -1, -1)
+    out = torch.zeros(*scores.shape, weights.shape[3], dtype=torch.float64)
+    for c in range(scores.shape[0]):
+        for k in range(scores.shape[1]):
+            for j in range(scores.shape[1]):
+                if levels[c, j] > 0 and float(scores[c, j]) >= float(scores[c, k]):
+                    out[c, k] += weights[c, int(levels[c, k]), int(levels[c, j]) - 1]
+    return out
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_level_step_sums_match_brute_force(dtype):
+    """Per-row weights (one row shared too), ties, -0.0 next to +0.0, padding, a row of equal scores, an all-padding
+    row; float32 takes the compiled walk (float64 sums), float64 the torch path; both against the float64 definition."""
+    g = torch.Generator().manual_seed(1)
+    scores = (torch.randint(-3, 4, (7, 13), generator=g) / 4).to(dtype)
+    scores[1, :4] = torch.tensor([0.0, -0.0, 0.0, -0.0], dtype=dtype)
+    scores[0] = 0.5
+    levels = torch.randint(0, 4, (7, 13), generator=g)
+    levels[6] = 0
+    weights = torch.rand(7, 4, 3, 2, generator=g, dtype=torch.float64)
+    for w in (weights, weights[:1]):
+        sums = level_step_sums(scores, levels, w)
+        assert sums.dtype == dtype and sums.shape == (7, 13, 2)
+        torch.testing.assert_close(sums.double(), brute_sums(scores, levels, w), rtol=1e-6 if dtype == torch.float32 else 1e-12, atol=0)
+        torch.testing.assert_close(sums, level_step_sums(scores, levels, w, method="torch"), rtol=1e-6, atol=0)
+    assert level_step_sums(scores, levels, weights)[6].abs().sum() == 0  # nothing counted in an all-padding row
+    rank = level_step_sums(scores, levels, positive_rank_weights(3))[..., 0]  # counts: exact
+    torch.testing.assert_close(rank.double(), brute_sums(scores, levels, positive_rank_weights(3)).squeeze(2), rtol=0, atol=0)
+    assert rank[0, levels[0] > 0].tolist() == [float((levels[0] >= lvl).sum()) for lvl in levels[0, levels[0] > 0].tolist()]
+
+
+def test_level_step_sums_refuse_bad_input():
+    scores, levels = torch.zeros(2, 5), torch.ones(2, 5, dtype=torch.long)
+    with pytest.raises(ValueError, match=r"weights must be \(C or 1, L \+ 1, L, Q\)"):
+        level_step_sums(scores, levels, torch.zeros(2, 3, 3, 1))
+    with pytest.raises(ValueError, match="weights must be"):
+        level_step_sums(scores, levels, torch.zeros(3, 4, 3, 1))
+    with pytest.raises(ValueError, match="float32 CPU"):
+        level_step_sums(scores.double(), levels, torch.zeros(1, 4, 3, 1), method="compiled")
+    with pytest.raises(ValueError, match="256 levels"):
+        level_step_sums(scores, levels, torch.zeros(1, 257, 256, 1), method="compiled")
 
 
 def test_has_lower_item():

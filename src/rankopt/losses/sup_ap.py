@@ -6,7 +6,17 @@ import torch
 
 from rankopt.losses.base import RankLoss, RetrievalSet
 from rankopt.losses.registry import LOSSES
-from rankopt.rank.surrogates import SUM_METHODS, Pivots, default_delta, has_lower_item, lowest_levels, row_counts, sup_negative_rank
+from rankopt.rank.surrogates import (
+    SUM_METHODS,
+    Pivots,
+    default_delta,
+    has_lower_item,
+    level_step_sums,
+    lowest_levels,
+    positive_rank_weights,
+    row_counts,
+    sup_negative_rank,
+)
 
 STEP_COUNTS = ("sorted", "pairwise")
 """How the exact step parts are counted: ``"sorted"`` (each row's pivots sorted once, per-level
@@ -48,18 +58,29 @@ class SupRankLoss(RankLoss):
         active = int(row_counts(has_lower_item(batch.levels, batch.valid)).max())
         return max(1, active, batch.num_levels) * batch.scores.shape[1]
 
-    def ranks(self, scores: torch.Tensor, levels: torch.Tensor, valid: torch.Tensor, num_levels: int) -> tuple[Pivots, torch.Tensor, torch.Tensor]:
-        """The positives of each row with their exact ``rank^+`` and smooth ``rank_s^-``, ``(C, P)``."""
+    def ranks(
+        self, scores: torch.Tensor, levels: torch.Tensor, valid: torch.Tensor, num_levels: int, weights: torch.Tensor | None = None
+    ) -> tuple[Pivots, torch.Tensor, torch.Tensor]:
+        """The positives of each row with their exact ``rank^+`` and smooth ``rank_s^-``, ``(C, P)``. ``weights``
+        (``"sorted"`` only, ``(C, L + 1, L, Q)``): ``rank^+`` comes as ``(C, P, 1 + Q)``, followed by the
+        :func:`~rankopt.rank.surrogates.level_step_sums` of these weights, all from one walk of the sorted pivots."""
         pivots = Pivots(scores, levels, valid)
         kernel = dict(tau=self.tau, rho=self.rho, delta=self.delta, start=self.start, method=self.method)
         if self.step_counts == "pairwise":
+            if weights is not None:
+                raise ValueError("step sums with weights need step_counts='sorted'")
             masks, group = pivots.lower_masks(levels, valid, num_levels)
             return pivots, pivots.pairwise_positive_rank(), sup_negative_rank(scores, pivots, masks, group, **kernel)
         lowest = lowest_levels(levels, valid)
         # no active pivot is at a level <= the chunk's lowest level: the masks below it are left out
         masks, group = pivots.lower_masks(levels, valid, num_levels, first=min(int(lowest.min()), num_levels - 1))
-        active = torch.gather(has_lower_item(levels, valid, lowest), 1, pivots.index) & pivots.present
-        return pivots, pivots.positive_rank(num_levels), sup_negative_rank(scores, pivots, masks, group, active=active, **kernel)
+        active = (pivots.levels > lowest) & pivots.present  # has_lower_item of the pivots (valid items, level > 0)
+        if weights is None:
+            rank_plus = pivots.positive_rank(num_levels)
+        else:
+            plus = positive_rank_weights(num_levels).to(weights).expand(weights.shape[0], -1, -1, 1)
+            rank_plus = level_step_sums(pivots.scores, pivots.levels, torch.cat([plus, weights], dim=3))
+        return pivots, rank_plus, sup_negative_rank(scores, pivots, masks, group, active=active, **kernel)
 
     def extra_repr(self) -> str:
         steps = "" if self.step_counts == "sorted" else f", step_counts={self.step_counts!r}"

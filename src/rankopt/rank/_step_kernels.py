@@ -1,9 +1,9 @@
-"""Compiled kernel of the exact per-level step counts on CPU (numba; imported on first use).
+"""Compiled kernel of the exact per-level step sums on CPU (numba; imported on first use).
 
-Each row's float32 scores are packed with their column into int64 keys
-``(order-preserving score bits << 32) | column`` and sorted by numpy (one value sort, no
-argsort); :func:`walk_counts` then walks each sorted row once from the top, tie group by tie group.
-Both run in the calling thread: on a thread pool they would compete with torch's spinning OpenMP threads.
+Each row's float32 scores are packed with their column and level into int64 keys
+``(order-preserving score bits << 32) | (column << 8) | level`` (:func:`pack_keys`) and sorted by numpy (one value
+sort, no argsort); :func:`walk_sums` then walks each sorted row once from the top, tie group by tie group.
+:func:`step_sums` does the three over blocks of rows; all release the GIL, so the caller splits the rows over threads.
 """
 
 from __future__ import annotations
@@ -11,42 +11,62 @@ from __future__ import annotations
 import numba as nb
 import numpy as np
 
-COLUMN_BITS = 32
-COLUMN_MASK = (1 << COLUMN_BITS) - 1
-
-
-def sorted_keys(scores: np.ndarray) -> np.ndarray:
-    """``(C, K)`` int64 keys ``(f(s) << 32) | k`` sorted along each row, ``f`` the order-preserving map of float32
-    bits to int32 (negative floats' magnitude bits flipped). ``scores`` must be float32 without ``-0.0``
-    (equal scores must have equal bits) and without NaN."""
-    bits = scores.view(np.int32)
-    keys = (bits ^ ((bits >> 31) & 0x7FFFFFFF)).astype(np.int64) << COLUMN_BITS
-    keys |= np.arange(scores.shape[1], dtype=np.int64)
-    keys.sort(axis=1)
-    return keys
+LEVEL_BITS = 8
+MAX_COLUMNS = 1 << (32 - LEVEL_BITS)
+"""Columns (pivots) a row may have: column and level share the low 32 bits of a key."""
+BLOCK_KEYS = 1 << 16
+"""Keys packed, sorted and walked at once (512 KiB of int64: they stay in L2 from the packing to the walk)."""
 
 
 @nb.njit(nogil=True, cache=True)
-def walk_counts(keys: np.ndarray, levels: np.ndarray, out: np.ndarray) -> None:  # pragma: no cover - compiled
-    """``out[c, k, m - 1] = #{j : levels[c, j] = m, s_j >= s_k}`` for ``m = 1..L`` (``L = out.shape[2]``;
-    level 0 counted nowhere) from the sorted ``keys`` of :func:`sorted_keys`: one pass per row from the
-    highest score down, each tie group counted before its members are written (``H(0) = 1``)."""
+def pack_keys(bits: np.ndarray, levels: np.ndarray, keys: np.ndarray) -> None:  # pragma: no cover - compiled
+    """``keys[c, k] = (f(bits[c, k]) << 32) | (k << 8) | levels[c, k]``: ``bits`` the int32 view of float32 scores
+    (no NaN), ``f`` the order-preserving map of float32 bits to int32 (negative floats' magnitude bits flipped;
+    ``-0.0`` taken as ``+0.0``: equal scores, equal keys up to the column), levels in ``[0, 256)``."""
+    for c in range(bits.shape[0]):
+        for k in range(bits.shape[1]):
+            b = bits[c, k]
+            b = 0 if b == -(1 << 31) else b ^ ((b >> 31) & 0x7FFFFFFF)
+            keys[c, k] = (np.int64(b) << 32) | (k << LEVEL_BITS) | levels[c, k]
+
+
+@nb.njit(nogil=True, cache=True)
+def walk_sums(keys: np.ndarray, weights: np.ndarray, out: np.ndarray) -> None:  # pragma: no cover - compiled
+    """``out[c, k, q] = sum_{j : s_j >= s_k} weights[c, l_j, l_k * Q + q]`` from the sorted keys of :func:`pack_keys`
+    (``weights`` ``(C, L + 1, (L + 1) Q)`` float64, row ``l_j = 0`` zero): one pass per row from the highest score down,
+    each tie group added to the running sums ``((L + 1) Q,)`` before its members read them (``H(0) = 1``);
+    float64 sums written in ``out``'s dtype."""
     rows, width = keys.shape
-    num_levels = out.shape[2]
-    counts = np.zeros(num_levels + 1, np.int64)
+    num_out, size = out.shape[2], weights.shape[2]
+    running = np.zeros(size)
     for c in range(rows):
-        counts[:] = 0
+        running[:] = 0.0
+        row_keys, row_weights, row_out = keys[c], weights[c], out[c]
         end = width
         while end > 0:
-            score = keys[c, end - 1] >> COLUMN_BITS
-            start = end - 1
-            while start > 0 and keys[c, start - 1] >> COLUMN_BITS == score:
+            score = row_keys[end - 1] >> 32
+            start = end
+            while start > 0 and row_keys[start - 1] >> 32 == score:
                 start -= 1
+                item = row_weights[row_keys[start] & 0xFF]
+                for j in range(size):
+                    running[j] += item[j]
             for i in range(start, end):
-                counts[levels[c, keys[c, i] & COLUMN_MASK]] += 1
-            for i in range(start, end):
-                k = keys[c, i] & COLUMN_MASK
-                for m in range(num_levels):
-                    out[c, k, m] = counts[m + 1]
+                key = row_keys[i]
+                column, first = (key & 0xFFFFFFFF) >> LEVEL_BITS, (key & 0xFF) * num_out
+                for q in range(num_out):
+                    row_out[column, q] = running[first + q]
             end = start
 
+
+def step_sums(bits: np.ndarray, levels: np.ndarray, weights: np.ndarray, out: np.ndarray) -> None:
+    """:func:`walk_sums` of the rows of ``bits`` (:func:`pack_keys`) into ``out``, over blocks of :data:`BLOCK_KEYS`
+    keys (at least one row)."""
+    step = max(1, BLOCK_KEYS // max(1, bits.shape[1]))
+    keys = np.empty((min(step, bits.shape[0]), bits.shape[1]), np.int64)
+    for first in range(0, bits.shape[0], step):
+        rows = slice(first, first + step)
+        block = keys[: min(step, bits.shape[0] - first)]
+        pack_keys(bits[rows], levels[rows], block)
+        block.sort(axis=1)
+        walk_sums(block, weights[rows], out[rows])

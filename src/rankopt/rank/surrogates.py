@@ -215,29 +215,17 @@ class Pivots:
     def __init__(self, scores: torch.Tensor, levels: torch.Tensor, valid: torch.Tensor) -> None:
         self.index, self.present = padded_columns((levels > 0) & valid)
         self.scores = torch.gather(scores, 1, self.index)
-        self.levels = torch.gather(levels, 1, self.index).long() * self.present
-        self._step_counts: torch.Tensor | None = None
+        self.levels = torch.gather(levels, 1, self.index).masked_fill_(~self.present, 0).long()
 
     def pair_mask(self) -> torch.Tensor:
         """``(C, P, P)`` bool: both pivots present and distinct (``j != k`` by index)."""
         both = self.present.unsqueeze(2) & self.present.unsqueeze(1)
         return both & ~torch.eye(self.index.shape[1], dtype=torch.bool, device=self.index.device)
 
-    def step_counts(self, num_levels: int) -> torch.Tensor:
-        """:func:`level_step_counts` of the pivots, ``(C, P, L)``: ``N[c, k, m - 1] = #{j : l_j = m, s_j >= s_k}``
-        (``k`` itself included), computed once per :class:`Pivots`; no gradient."""
-        if self._step_counts is None or self._step_counts.shape[2] != num_levels:
-            self._step_counts = level_step_counts(self.scores, self.levels, num_levels)
-        return self._step_counts
-
     def positive_rank(self, num_levels: int) -> torch.Tensor:
         """Exact ``rank^+(k) = 1 + sum_{j != k, l_j >= l_k} H(s_j - s_k) = sum_{m >= l_k} N[k, m - 1]``
-        (TPAMI Eq. 3, pessimistic ties, :meth:`step_counts`), ``(C, P)``, no gradient."""
-        counts = self.step_counts(num_levels)
-        rank = torch.zeros_like(self.scores)
-        for m in range(num_levels):  # one (C, P) product per level: cheaper than reductions over the last dimension
-            rank.addcmul_(counts[..., m], self.levels <= m + 1)
-        return rank
+        (TPAMI Eq. 3, pessimistic ties, :func:`level_step_sums`), ``(C, P)``, no gradient."""
+        return level_step_sums(self.scores, self.levels, positive_rank_weights(num_levels))[..., 0]
 
     def pairwise_positive_rank(self) -> torch.Tensor:
         """:meth:`positive_rank` by ``P^2`` comparisons per query (:func:`pairwise_step_counts`): the reference path."""
@@ -251,7 +239,7 @@ class Pivots:
         a valid item below level ``first`` (:func:`lowest_levels`)."""
         bounds = torch.arange(first, num_levels, device=levels.device, dtype=levels.dtype).view(1, -1, 1)
         masks = torch.le(levels.unsqueeze(1), bounds, out=self.scores.new_empty(levels.shape[0], bounds.shape[1], levels.shape[1]))
-        return masks.mul_(valid.unsqueeze(1)), (self.levels - 1 - first).clamp(min=0)
+        return masks.mul_(valid.unsqueeze(1)), (self.levels - (1 + first)).clamp_(min=0)
 
 
 def row_counts(mask: torch.Tensor) -> torch.Tensor:
@@ -295,8 +283,9 @@ def has_lower_item(levels: torch.Tensor, valid: torch.Tensor, lowest: torch.Tens
 
 
 STEP_COUNT_METHODS = ("auto", "compiled", "torch")
-"""How :func:`level_step_counts` sorts: ``"compiled"`` (CPU float32: numpy sort of packed keys and a numba walk),
-``"torch"`` (``torch.sort`` + ``searchsorted``: any device and dtype, the reference) or ``"auto"`` (compiled where it applies)."""
+"""How :func:`level_step_counts` and :func:`level_step_sums` sort: ``"compiled"`` (CPU float32: numpy sort of packed
+keys and a numba walk, rows over ``torch.get_num_threads()`` threads), ``"torch"`` (``torch.sort`` + ``searchsorted``:
+any device and dtype, the reference) or ``"auto"`` (compiled where it applies)."""
 
 
 def level_step_counts(pivot_scores: torch.Tensor, pivot_levels: torch.Tensor, num_levels: int, method: str = "auto") -> torch.Tensor:
@@ -307,27 +296,71 @@ def level_step_counts(pivot_scores: torch.Tensor, pivot_levels: torch.Tensor, nu
     Each row is sorted once; ``N[c, k]`` is the per-level count from the first sorted position whose
     score is ``>= s_k``: ``O(P log P + P L)`` per row instead of the ``P^2`` comparisons of
     :func:`pairwise_step_counts`. Exact for counts below ``2^24`` (float32). ``method``: one of
-    :data:`STEP_COUNT_METHODS` (same counts; ``"compiled"`` is ~8x faster on CPU than ``torch.sort``).
+    :data:`STEP_COUNT_METHODS` (same counts; ``"compiled"``: :func:`level_step_sums` with one-hot weights).
     """
-    if method not in STEP_COUNT_METHODS:
-        raise ValueError(f"unknown method {method!r}; use one of {', '.join(STEP_COUNT_METHODS)}")
-    compiled = pivot_scores.device.type == "cpu" and pivot_scores.dtype == torch.float32
-    if method == "compiled" and not compiled:
-        raise ValueError(f"method='compiled' needs float32 CPU scores, got {pivot_scores.dtype} on {pivot_scores.device}")
+    if _step_compiled(method, pivot_scores, num_levels):
+        one_hot = torch.eye(num_levels, dtype=torch.float64).expand(1, num_levels + 1, num_levels, num_levels)
+        return level_step_sums(pivot_scores, pivot_levels, one_hot, method)
     with torch.no_grad():
-        if method != "torch" and compiled:
-            from rankopt.rank import _step_kernels as kernels  # noqa: PLC0415 - numba, compiled on first use
-
-            keys = kernels.sorted_keys((pivot_scores + 0.0).numpy())  # + 0.0: -0.0 becomes +0.0, equal scores equal bits
-            out = torch.empty(*pivot_scores.shape, num_levels, dtype=pivot_scores.dtype)
-            kernels.walk_counts(keys, pivot_levels.to(torch.int64).contiguous().numpy(), out.numpy())
-            return out
         sorted_scores, order = pivot_scores.sort(dim=1)
         one_hot = torch.nn.functional.one_hot(torch.gather(pivot_levels, 1, order), num_levels + 1)
         suffix = torch.zeros(one_hot.shape[0], one_hot.shape[1] + 1, num_levels, dtype=pivot_scores.dtype, device=pivot_scores.device)
         suffix[:, :-1] = one_hot[..., 1:].flip(1).cumsum(1).flip(1)
         first = torch.searchsorted(sorted_scores, pivot_scores, side="left")
         return torch.gather(suffix, 1, first.unsqueeze(2).expand(-1, -1, num_levels))
+
+
+def level_step_sums(pivot_scores: torch.Tensor, pivot_levels: torch.Tensor, weights: torch.Tensor, method: str = "auto") -> torch.Tensor:
+    """``S[c, k, q] = sum_{m=1..L} weights[c, l_k, m - 1, q] N[c, k, m - 1]`` (``N``: :func:`level_step_counts`),
+    ``(C, P, Q)`` in the scores' dtype, no gradient: per-pivot linear maps of the per-level counts whose weights depend
+    on the row and the two levels only, e.g. ``rank^+`` (:meth:`Pivots.positive_rank`) or H-AP's ``H-rank^+``
+    (TPAMI Eq. 18), without the ``(C, P, L)`` counts. ``weights`` ``(C or 1, L + 1, L, Q)`` (row ``l_k = 0``: padding).
+    ``method`` (:data:`STEP_COUNT_METHODS`): ``"compiled"`` adds the weights in float64 during one walk of each sorted
+    row, ``O(P log P + P (L + 1) Q)`` (sums of counts exact below ``2^24`` in float32); ``"torch"`` weights :func:`level_step_counts` in the scores' dtype.
+    """
+    num_rows, num_levels = pivot_scores.shape[0], weights.shape[2]
+    if tuple(weights.shape[1:3]) != (num_levels + 1, num_levels) or weights.shape[0] not in (1, num_rows):
+        raise ValueError(f"weights must be (C or 1, L + 1, L, Q), got {tuple(weights.shape)} for {num_rows} rows")
+    weights = weights.detach().expand(num_rows, *weights.shape[1:])
+    if not _step_compiled(method, pivot_scores, num_levels):
+        counts = level_step_counts(pivot_scores, pivot_levels, num_levels, method="torch")
+        index = pivot_levels.long().reshape(num_rows, -1, 1, 1).expand(-1, -1, num_levels, weights.shape[3])
+        per_pivot = torch.gather(weights.to(counts), 1, index)  # (C, P, L, Q): the row of each pivot's level
+        return (per_pivot * counts.unsqueeze(3)).sum(2)
+    from rankopt.rank import _step_kernels as kernels  # noqa: PLC0415 - numba, compiled on first use
+
+    with torch.no_grad():
+        bits = pivot_scores.contiguous().view(torch.int32).numpy()
+        levels = pivot_levels.contiguous().numpy()
+        # the kernel's table (C, L + 1, (L + 1) Q): by item level m first (m = 0: zeros), then pivot level and output
+        table = weights.new_zeros(num_rows, num_levels + 1, num_levels + 1, weights.shape[3], dtype=torch.float64)
+        table[:, 1:] = weights.transpose(1, 2)
+        table = table.view(num_rows, num_levels + 1, -1).numpy()
+        out = torch.empty(*pivot_scores.shape, weights.shape[3], dtype=pivot_scores.dtype)
+        array = out.numpy()
+        with ThreadPool(torch.get_num_threads()) as pool:
+            pool.run(lambda _, lo, hi: kernels.step_sums(bits[lo:hi], levels[lo:hi], table[lo:hi], array[lo:hi]), num_rows)
+        return out
+
+
+def positive_rank_weights(num_levels: int) -> torch.Tensor:
+    """The :func:`level_step_sums` weights of ``rank^+(k) = sum_{m >= l_k} N[k, m - 1]``: ``[m >= l]``, ``(1, L + 1, L, 1)``."""
+    levels = torch.arange(num_levels + 1, dtype=torch.float64)
+    return (levels[1:] >= levels.unsqueeze(1)).to(torch.float64).view(1, num_levels + 1, num_levels, 1)
+
+
+def _step_compiled(method: str, scores: torch.Tensor, num_levels: int) -> bool:
+    """Whether ``method`` (:data:`STEP_COUNT_METHODS`) runs the compiled walk on these scores (CPU float32, fewer than
+    ``2^24`` pivots and 256 levels: a key packs column and level in 32 bits); refuses what it cannot run."""
+    if method not in STEP_COUNT_METHODS:
+        raise ValueError(f"unknown method {method!r}; use one of {', '.join(STEP_COUNT_METHODS)}")
+    applies = scores.device.type == "cpu" and scores.dtype == torch.float32 and scores.shape[1] < 1 << 24 and num_levels < 256
+    if method == "compiled" and not applies:
+        raise ValueError(
+            f"method='compiled' needs float32 CPU scores, < 2^24 pivots and < 256 levels, got {scores.dtype} on {scores.device}, "
+            f"{scores.shape[1]} pivots, {num_levels} levels"
+        )
+    return applies and method != "torch"
 
 
 def pairwise_step_counts(pivot_scores: torch.Tensor, item_scores: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:

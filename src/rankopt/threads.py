@@ -3,14 +3,32 @@ while it runs (:class:`ThreadPool`)."""
 
 from __future__ import annotations
 
+import os
+import threading
 from collections.abc import Callable, Iterable, Iterator
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from typing import TypeVar
 
 import torch
 
 T = TypeVar("T")
 R = TypeVar("R")
+
+_EXECUTORS: dict[int, ThreadPoolExecutor] = {}
+_EXECUTORS_LOCK = threading.Lock()
+os.register_at_fork(after_in_child=_EXECUTORS.clear)  # a child process has none of the parent's threads
+
+
+def _executor(threads: int) -> ThreadPoolExecutor:
+    """The process's executor of ``threads`` worker threads (torch single-threaded in each), started once: a
+    loss or an evaluation calls the pool hundreds of times, and starting threads each time cost ~3 ms per
+    thread on busy cores (measured: 0.56 s of a 2 s ``hap`` step at B = 4096)."""
+    with _EXECUTORS_LOCK:
+        executor = _EXECUTORS.get(threads)
+        if executor is None:
+            executor = _EXECUTORS[threads] = ThreadPoolExecutor(
+                threads, thread_name_prefix=f"rankopt-pool{threads}", initializer=torch.set_num_threads, initargs=(1,))
+        return executor
 
 
 class ThreadPool:
@@ -24,7 +42,7 @@ class ThreadPool:
 
     def __init__(self, threads: int) -> None:
         self.threads = max(1, threads)
-        self.executor = ThreadPoolExecutor(self.threads, initializer=torch.set_num_threads, initargs=(1,)) if self.threads > 1 else None
+        self.executor = _executor(self.threads) if self.threads > 1 else None
 
     def ranges(self, total: int) -> list[tuple[int, int]]:
         step = -(-total // self.threads)
@@ -46,11 +64,19 @@ class ThreadPool:
         return self.executor.map(work, items)
 
     def run(self, kernel: Callable[[int, int, int], object], total: int) -> list[object]:
-        """``kernel(index, lo, hi)`` over the ranges of ``[0, total)``, in parallel; the results in order."""
+        """``kernel(index, lo, hi)`` over the ranges of ``[0, total)``, in parallel (the first range in the calling
+        thread); the results in order. An error is raised once every range has stopped (the ones not started are dropped)."""
         jobs = [(index, lo, hi) for index, (lo, hi) in enumerate(self.ranges(total))]
-        if self.executor is None:
+        if self.executor is None or len(jobs) == 1:
             return [kernel(*job) for job in jobs]
-        return list(self.executor.map(lambda job: kernel(*job), jobs))
+        futures: list[Future] = [self.executor.submit(kernel, *job) for job in jobs[1:]]
+        try:
+            return [kernel(*jobs[0]), *(future.result() for future in futures)]
+        except BaseException:
+            for future in futures:
+                future.cancel()
+            wait(futures)
+            raise
 
     def __enter__(self) -> ThreadPool:
         self.torch_threads = torch.get_num_threads()
@@ -58,7 +84,6 @@ class ThreadPool:
             torch.set_num_threads(1)
         return self
 
-    def __exit__(self, exc_type: type[BaseException] | None, *exc: object) -> None:
-        if self.executor is not None:
-            self.executor.shutdown(cancel_futures=exc_type is not None)  # an error: the queued work is dropped
+    def __exit__(self, *exc: object) -> None:
+        if self.executor is not None:  # the threads stay for the next pool of this size
             torch.set_num_threads(self.torch_threads)

@@ -157,13 +157,18 @@ def test_shared_top_level_matches_brute_force(case, ref_fn):
 
 
 def test_shared_top_level_shrinks_the_kernel():
-    """With the coarsest level shared by all, only the pivots above level 1 enter the H^- kernel."""
+    """With the coarsest level shared by all, only the pivots above level 1 enter the H^- kernel: the torch sums'
+    (C, A, M) blocks set the chunks; the compiled sums hold no such block, only (C, G <= L, M) masks."""
     fine = torch.arange(64) // 4
     lab = torch.stack([fine, fine // 4, torch.zeros_like(fine)], dim=1)
     batch = L.build("hap").retrieval_set(torch.randn(64, 8), lab)
-    sorted_rows = build("hap", "sorted").elements_per_row(batch)
+    torch_rows = L.build("hap", step_counts="sorted", method="torch").elements_per_row(batch)
+    compiled_rows = L.build("hap", step_counts="sorted", method="compiled").elements_per_row(batch)
     pairwise_rows = build("hap", "pairwise").elements_per_row(batch)
-    assert (sorted_rows, pairwise_rows) == (15 * 64, 63 * 64)  # 3 + 12 more relevant items vs 63 positives
+    assert (torch_rows, compiled_rows, pairwise_rows) == (15 * 64, 3 * 64, 63 * 64)  # 3 + 12 more relevant items; L = 3; 63 positives
+    assert build("hap", "sorted").elements_per_row(batch) == compiled_rows  # CPU float32: "auto" compiles
+    one_level = L.build("sup_ap", method="compiled").retrieval_set(torch.randn(64, 8), fine)
+    assert L.build("sup_ap", method="compiled").elements_per_row(one_level) == 2 * 64  # the 8-byte (M,) factors
 
 
 def test_unknown_step_counts():

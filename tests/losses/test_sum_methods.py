@@ -149,8 +149,8 @@ def test_compiled_sums_of_a_row_spread_past_the_factorised_range(cap):
     pivot_index = torch.randint(0, 50, (2, 6), generator=g)
     masks = torch.rand(2, 2, 50, generator=g) < 0.7
     weights = torch.randn(2, 6, 2, generator=g, dtype=torch.float64)
-    direct = kernels.exponentials(scores / 0.01, torch.gather(scores, 1, pivot_index) / 0.01)[2]
-    assert direct.tolist() == [False, True]
+    mode = kernels.exponentials(scores / 0.01, torch.gather(scores, 1, pivot_index) / 0.01)[4]
+    assert mode.tolist() == [kernels.FLOAT64, kernels.DIRECT]
     if cap:
         kernel = dict(tau=0.01, rho=100.0, delta=S.default_delta(), start=0.5)
         results = [sums_and_gradients(m, scores, pivot_index, masks, weights, **kernel) for m in ("compiled", "torch")]
@@ -159,6 +159,32 @@ def test_compiled_sums_of_a_row_spread_past_the_factorised_range(cap):
     for fast, reference in zip(*results, strict=True):
         assert torch.isfinite(fast).all()
         torch.testing.assert_close(fast, reference, rtol=1e-10, atol=1e-10)
+
+
+def test_float32_rows_take_float32_values_only_within_their_range():
+    """float32 rows spread over at most ``SPREAD_FLOAT32`` are evaluated in float32 (sums in float64), wider ones in
+    float64 and past ``SPREAD`` per pair: each equal to the torch path on the same float32 inputs."""
+    from rankopt.rank import _surrogate_kernels as kernels
+
+    g = torch.Generator().manual_seed(8)
+    scores = torch.rand(3, 700, generator=g, dtype=torch.float64) * 0.4 - 0.2
+    scores[1, :300] += 1.0  # tau = 0.01: a spread of ~140 (float32 mode), ~240 (float64) and ~2040 (per pair)
+    scores[1, 300:] -= 0.2
+    scores[2, :100] += 20.0
+    scores[0, :50] += 1.8
+    scores = scores[[1, 0, 2]]
+    pivot_index = torch.randint(0, 700, (3, 9), generator=g)
+    masks = torch.rand(3, 2, 700, generator=g) < 0.6
+    weights = torch.randn(3, 9, 2, generator=g, dtype=torch.float64)
+    narrow = scores.float()
+    mode = kernels.exponentials(narrow / 0.01, torch.gather(narrow, 1, pivot_index) / 0.01)[4]
+    assert mode.tolist() == [kernels.FLOAT32, kernels.FLOAT64, kernels.DIRECT]
+    assert kernels.exponentials(scores / 0.01, torch.gather(scores, 1, pivot_index) / 0.01)[4].tolist() == [kernels.FLOAT64] * 2 + [kernels.DIRECT]
+    kernel = dict(tau=0.01, rho=100.0, delta=S.default_delta(), start=0.5)
+    reference = sums_and_gradients("torch", narrow, pivot_index, masks, weights.float(), **kernel)  # the same float tests
+    fast = sums_and_gradients("compiled", narrow, pivot_index, masks, weights.float(), **kernel)
+    for got, want in zip(fast, reference, strict=True):
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-4)
 
 
 def test_compiled_sums_pass_gradcheck():

@@ -4,6 +4,8 @@ also after an error. All data are synthetic."""
 
 from __future__ import annotations
 
+import os
+import threading
 import time
 
 import numpy as np
@@ -71,3 +73,62 @@ def test_chunk_errors_reach_the_caller(fake_threads, monkeypatch):
     with pytest.raises(RuntimeError, match="chunk at"):
         evaluate(x, torch.arange(400) // 4, metrics=["map"], chunk_size=1, method="chunked")
     assert len(calls) < 100  # about 2 s of queued chunks were dropped
+
+
+def test_pool_threads_start_once_and_the_caller_works_too():
+    """Every pool of a size shares one set of worker threads (started once per process); ``run`` gives the first
+    range to the calling thread."""
+    def who(_: int, lo: int, hi: int) -> tuple[int, int, int]:
+        time.sleep(0.01)  # every range is in flight at once: each needs its own thread
+        return threading.get_ident(), lo, hi
+
+    seen = []
+    for _ in range(3):
+        with ThreadPool(3) as pool:
+            assert torch.get_num_threads() == 1
+            seen.append(pool.run(who, 30))
+    assert [[(lo, hi) for _, lo, hi in run] for run in seen] == [[(0, 10), (10, 20), (20, 30)]] * 3
+    assert all(run[0][0] == threading.get_ident() for run in seen)
+    workers = [{ident for ident, _, _ in run[1:]} for run in seen]
+    assert all(len(w) == 2 and threading.get_ident() not in w for w in workers)
+    assert set().union(*workers) <= {t.ident for t in threading.enumerate() if t.name.startswith("rankopt-pool3")}
+
+
+@pytest.mark.parametrize("failing", [0, 2])
+def test_run_raises_after_every_range_stopped(failing):
+    """An error in any range (the caller's or a worker's) is raised once the other ranges are done; the pool is
+    usable afterwards and torch's thread count is restored."""
+    real, done = torch.get_num_threads(), []
+
+    def kernel(index: int, lo: int, hi: int) -> int:
+        if index == failing:
+            raise ValueError(f"range {index}")
+        time.sleep(0.05)
+        done.append(index)
+        return lo
+
+    with pytest.raises(ValueError, match=f"range {failing}"):
+        with ThreadPool(3) as pool:
+            pool.run(kernel, 3)
+    finished = list(done)
+    time.sleep(0.1)
+    assert done == finished and set(done) <= {0, 1, 2} - {failing}  # nobody still running when the error came out
+    assert torch.get_num_threads() == real
+    with ThreadPool(3) as pool:
+        assert pool.run(lambda i, lo, hi: hi - lo, 7) == [3, 3, 1]
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
+def test_a_forked_child_gets_its_own_threads():
+    with ThreadPool(2) as pool:
+        pool.run(lambda i, lo, hi: None, 2)  # the parent's workers exist
+    pid = os.fork()
+    if pid == 0:  # the child: the parent's worker threads are not here; a pool must start its own
+        try:
+            with ThreadPool(2) as pool:
+                code = 0 if pool.run(lambda i, lo, hi: (lo, hi), 4) == [(0, 2), (2, 4)] else 1
+        except BaseException:  # noqa: BLE001 - any failure is the child's exit code
+            code = 2
+        os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0

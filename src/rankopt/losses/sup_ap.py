@@ -9,6 +9,7 @@ from rankopt.losses.registry import LOSSES
 from rankopt.rank.surrogates import (
     SUM_METHODS,
     Pivots,
+    compiled_sums,
     default_delta,
     has_lower_item,
     level_step_sums,
@@ -52,9 +53,13 @@ class SupRankLoss(RankLoss):
             raise ValueError(f"delta must be >= 0, got {delta}")
 
     def elements_per_row(self, batch: RetrievalSet) -> int:
-        """``"sorted"``: ``max(A_i, L) * M`` with ``A_i`` the query's pivots entering the ``H^-`` kernel."""
+        """``"sorted"``: ``max(A_i, L) * M`` with ``A_i`` the query's pivots entering the ``H^-`` kernel, for the
+        ``(C, A, M)`` blocks of the torch sums; the compiled sums build none, and a row's largest intermediates are
+        its ``G <= L`` lower-level masks and its 8-byte ``(M,)`` factors and ``(P,)`` pivot indices: ``max(L, 2) * M``."""
         if self.step_counts == "pairwise":
             return super().elements_per_row(batch)
+        if compiled_sums(self.method, batch.scores):
+            return max(2, batch.num_levels) * batch.scores.shape[1]
         active = int(row_counts(has_lower_item(batch.levels, batch.valid)).max())
         return max(1, active, batch.num_levels) * batch.scores.shape[1]
 

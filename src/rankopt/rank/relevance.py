@@ -12,17 +12,14 @@ from collections.abc import Sequence
 
 import torch
 
-from rankopt.rank.surrogates import row_counts
 
 
 def level_counts(levels: torch.Tensor, num_levels: int, valid: torch.Tensor | None = None) -> torch.Tensor:
     """``(Q, L + 1)`` float64: ``|Omega^(l)|``, the number of retrieval-set items at each level
-    (one comparison per level on the ``(Q, R)`` levels, no one-hot tensor)."""
-    def count(level: int) -> torch.Tensor:
-        members = levels == level
-        return row_counts(members if valid is None else members & valid)
-
-    return torch.stack([count(level) for level in range(num_levels + 1)], dim=1).to(torch.float64)
+    (the valid items' ones added into their level's column: one pass over the ``(Q, R)`` levels)."""
+    ones = torch.ones_like(levels, dtype=torch.int32) if valid is None else valid.to(torch.int32)
+    counts = torch.zeros(levels.shape[0], num_levels + 1, dtype=torch.int32, device=levels.device)
+    return counts.scatter_add_(1, levels.long(), ones).to(torch.float64)
 
 
 def relevance(

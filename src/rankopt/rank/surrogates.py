@@ -168,7 +168,7 @@ numba pass each way, :mod:`rankopt.rank._surrogate_kernels`), ``"torch"`` (dense
 blocks, any device: the reference) or ``"auto"`` (compiled where it applies)."""
 
 
-def _compiled(method: str, scores: torch.Tensor) -> bool:
+def compiled_sums(method: str, scores: torch.Tensor) -> bool:
     """Whether ``method`` (:data:`SUM_METHODS`) runs the compiled kernels on these scores; refuses what it cannot run."""
     if method not in SUM_METHODS:
         raise ValueError(f"unknown method {method!r}; use one of {', '.join(SUM_METHODS)}")
@@ -182,7 +182,7 @@ def sigmoid_sums(scores: torch.Tensor, pivot_scores: torch.Tensor, masks: torch.
     """``(C, P, G)``: ``sum_{k in mask g} sigma((s_k - s_p) / tau)`` (Smooth-AP Eq. 6) for every pivot ``p`` and mask ``g``
     (``scores`` ``(C, M)``, ``pivot_scores`` ``(C, P)``, ``masks`` ``(C, G, M)`` bool or 0/1 floats; ``method``:
     :data:`SUM_METHODS`). Memory: the ``(C, G, M)`` float masks (``"torch"``: and two blocks of :data:`KERNEL_BLOCK` floats)."""
-    return _SurrogateSums.apply(scores, pivot_scores, masks, float(tau), None, 0.0, 0.0, _compiled(method, scores))
+    return _SurrogateSums.apply(scores, pivot_scores, masks, float(tau), None, 0.0, 0.0, compiled_sums(method, scores))
 
 
 def sup_rank_sums(
@@ -204,7 +204,7 @@ def sup_rank_sums(
     ``rho * (sum s_k - n (s_p + delta))`` over the items beyond ``delta``. Memory: ``(C, G, M)`` float masks
     (``"torch"``: ``(C, 3G, M)``, masks times scores too, and two blocks of :data:`KERNEL_BLOCK` floats).
     """
-    compiled = _compiled(method, scores)
+    compiled = compiled_sums(method, scores)
     return _SurrogateSums.apply(scores, pivot_scores, masks, float(tau), float(delta) / float(tau), float(rho) * float(tau), float(start), compiled)
 
 
@@ -393,10 +393,10 @@ def sup_negative_rank(
     less relevant item, e.g. a coarsest level shared by the whole batch. ``method``: :data:`SUM_METHODS`.
     """
     kernel = dict(tau=tau, rho=rho, delta=delta, start=start, method=method)
-    if active is None or int(active.sum(1).max()) >= active.shape[1]:
+    index, kept = padded_columns(active) if active is not None else (None, None)
+    if index is None or index.shape[1] >= active.shape[1]:  # every pivot of some row is active: all enter the kernel
         sums = sup_rank_sums(scores, pivots.scores, masks, **kernel)
         return torch.gather(sums, 2, group.unsqueeze(2)).squeeze(2)
-    index, kept = padded_columns(active)
     sums = sup_rank_sums(scores, torch.gather(pivots.scores, 1, index), masks, **kernel)
     values = torch.gather(sums, 2, torch.gather(group, 1, index).unsqueeze(2)).squeeze(2) * kept
     return values.new_zeros(active.shape).scatter_add(1, index, values)

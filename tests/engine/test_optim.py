@@ -65,3 +65,27 @@ def test_param_groups_and_optimizer_kinds():
     assert isinstance(build_optimizer(head.parameters(), OptimizerConfig(name="adam")), torch.optim.Adam)
     with pytest.raises(ValueError, match="unknown optimizer 'lamb'"):
         build_optimizer(head.parameters(), OptimizerConfig(name="lamb"))
+
+
+@pytest.mark.parametrize("name", ["adam", "adamw"])
+def test_adam_on_cpu_takes_the_fused_kernel_with_the_same_updates(name):
+    """The fused CPU kernel gives Adam's updates (float32 rounding) over parameter groups with their own rates."""
+    shapes = [(7, 5), (5,), (3, 4, 2)]
+    cfg = OptimizerConfig(name=name, lr=0.01, weight_decay=0.1)
+    runs = []
+    for fused in (True, False):
+        params = [torch.nn.Parameter(torch.randn(*s, generator=torch.Generator().manual_seed(i))) for i, s in enumerate(shapes)]
+        groups = [{"params": params[:2], "lr": 0.01}, {"params": params[2:], "lr": 0.003}]
+        opt = build_optimizer(groups, cfg)
+        assert opt.defaults["fused"] is True
+        if not fused:  # the reference: the same optimizer, one tensor at a time
+            opt = type(opt)(groups, lr=0.01, weight_decay=0.1, foreach=False)
+        for step in range(5):
+            for i, p in enumerate(params):
+                p.grad = torch.randn(p.shape, generator=torch.Generator().manual_seed(100 * step + i))
+            opt.step()
+        runs.append([p.detach().clone() for p in params])
+    for a, b in zip(*runs, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-7)
+    assert not torch.equal(runs[0][0], torch.randn(7, 5, generator=torch.Generator().manual_seed(0)))  # they moved
+    assert build_optimizer([torch.nn.Parameter(torch.zeros(2))], OptimizerConfig(name="sgd", lr=0.1)).defaults.get("fused") in (None, False)

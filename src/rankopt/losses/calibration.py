@@ -7,6 +7,7 @@ import torch
 
 from rankopt.losses.base import RankLoss, RetrievalSet, rowwise_with_gradient
 from rankopt.losses.registry import LOSSES
+from rankopt.threads import ThreadPool
 
 REDUCTIONS = ("per_query", "violating_pairs")
 METHODS = ("auto", "compiled", "torch")
@@ -85,7 +86,8 @@ class CalibrationLoss(RankLoss):
 
 class _CompiledHinges(torch.autograd.Function):
     """Per-query ``L_calibr`` of CPU scores by the compiled kernels: the sums forward; backward
-    ``grad_out_i * (-1/|P_i| [s_ij < alpha] on P_i, 1/|N_i| [s_ij > beta] on N_i)`` written in one pass."""
+    ``grad_out_i * (-1/|P_i| [s_ij < alpha] on P_i, 1/|N_i| [s_ij > beta] on N_i)`` written in one pass; rows split
+    over ``torch.get_num_threads()`` threads (:class:`~rankopt.threads.ThreadPool`)."""
 
     @staticmethod
     def forward(ctx, scores: torch.Tensor, levels: torch.Tensor, valid: torch.Tensor, counts: torch.Tensor,  # type: ignore[override]
@@ -96,7 +98,9 @@ class _CompiledHinges(torch.autograd.Function):
         ctx.save_for_backward(*data, counts)
         ctx.bounds = _bounds(scores.dtype, alpha, beta)
         sums = torch.empty(scores.shape[0], 2, dtype=torch.float64)
-        kernels.hinge_sums(*(t.numpy() for t in data), *ctx.bounds, sums.numpy())
+        arrays = [t.numpy() for t in (*data, sums)]
+        with ThreadPool(torch.get_num_threads()) as pool:
+            pool.run(lambda _, lo, hi: kernels.hinge_sums(*(a[lo:hi] for a in arrays[:3]), *ctx.bounds, arrays[3][lo:hi]), len(sums))
         return (sums.to(counts.dtype) / counts).sum(1)
 
     @staticmethod
@@ -106,8 +110,11 @@ class _CompiledHinges(torch.autograd.Function):
         scores, levels, valid, counts = ctx.saved_tensors
         weights = (grad_out.unsqueeze(1) / counts).contiguous()
         grad = torch.empty_like(scores)
-        kernels.hinge_gradient(scores.numpy(), levels.numpy(), valid.numpy(), *ctx.bounds,
-                               weights[:, 0].contiguous().numpy(), weights[:, 1].contiguous().numpy(), grad.numpy())
+        arrays = [t.numpy() for t in (scores, levels, valid)]
+        per_row = [weights[:, k].contiguous().numpy() for k in (0, 1)]
+        with ThreadPool(torch.get_num_threads()) as pool:
+            pool.run(lambda _, lo, hi: kernels.hinge_gradient(*(a[lo:hi] for a in arrays), *ctx.bounds,
+                                                              *(w[lo:hi] for w in per_row), grad.numpy()[lo:hi]), len(grad))
         return grad, None, None, None, None, None
 
 

@@ -319,6 +319,8 @@ def per_image_costs(files: list[Path], size: int, preset: str) -> dict[str, floa
         transform = build_transform(preset, size)
         side = transform.decode_min_side
         paths = [str(f) for f in files]
+        for path in paths[:20]:  # first calls of each decoder (code and tables into the caches) are not timed
+            load_image(path), load_image(path, side), decode.decode_jpeg_pixels(_read_bytes(path), side)
         costs = {}
         costs["read"] = timed(lambda: [_read_bytes(p) for p in paths])[0]
         costs["read + full decode"], full = timed(lambda: [load_image(p) for p in paths])

@@ -14,6 +14,7 @@ import torch
 T = TypeVar("T")
 R = TypeVar("R")
 
+_THREAD_PREFIX = "rankopt-pool"
 _EXECUTORS: dict[int, ThreadPoolExecutor] = {}
 _EXECUTORS_LOCK = threading.Lock()
 os.register_at_fork(after_in_child=_EXECUTORS.clear)  # a child process has none of the parent's threads
@@ -27,7 +28,7 @@ def _executor(threads: int) -> ThreadPoolExecutor:
         executor = _EXECUTORS.get(threads)
         if executor is None:
             executor = _EXECUTORS[threads] = ThreadPoolExecutor(
-                threads, thread_name_prefix=f"rankopt-pool{threads}", initializer=torch.set_num_threads, initargs=(1,))
+                threads, thread_name_prefix=f"{_THREAD_PREFIX}{threads}", initializer=torch.set_num_threads, initargs=(1,))
         return executor
 
 
@@ -42,7 +43,9 @@ class ThreadPool:
 
     def __init__(self, threads: int) -> None:
         self.threads = max(1, threads)
-        self.executor = _executor(self.threads) if self.threads > 1 else None
+        # a pool's own worker runs nested work itself: waiting on workers of the shared executor could wait forever
+        nested = threading.current_thread().name.startswith(_THREAD_PREFIX)
+        self.executor = _executor(self.threads) if self.threads > 1 and not nested else None
 
     def ranges(self, total: int) -> list[tuple[int, int]]:
         step = -(-total // self.threads)

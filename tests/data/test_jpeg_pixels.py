@@ -5,6 +5,7 @@ decode (``decode_image`` + ``to_rgb``): equal pixels at every DCT scale, EXIF or
 from __future__ import annotations
 
 import io
+import math
 import os
 import struct
 import sys
@@ -16,7 +17,7 @@ import torch
 from PIL import Image, ImageFile
 
 from rankopt.data.base import BadImageError, RetrievalDataset, load_image, to_rgb
-from rankopt.data.decode import decode_image, decode_jpeg_pixels, draft_scale, exif_orientation
+from rankopt.data.decode import DRAFT_GAP, decode_image, decode_jpeg_pixels, draft_scale, exif_orientation
 from rankopt.data.transforms import build_transform
 
 from test_fast_loading import photo
@@ -67,7 +68,7 @@ def test_draft_scale_is_pillows_choice():
         for min_side in (None, 16, 40, 100, 300):
             with Image.open(io.BytesIO(jpeg(Image.new("RGB", (width, height), (90, 30, 200))))) as img:
                 if min_side is not None:
-                    side = -(-2 * min_side // 1)
+                    side = math.ceil(DRAFT_GAP * min_side)
                     img.draft(None, (side, side))
                 scale = img.decoderconfig[0] if img.decoderconfig else 1
             assert draft_scale(width, height, min_side) == scale, (width, height, min_side)

@@ -132,3 +132,18 @@ def test_a_forked_child_gets_its_own_threads():
         os._exit(code)
     _, status = os.waitpid(pid, 0)
     assert os.waitstatus_to_exitcode(status) == 0
+
+
+def test_work_nested_in_a_pool_thread_runs_in_that_thread():
+    """A pool opened inside a pool's worker (e.g. a compiled loss in a pooled job) runs its ranges itself instead of
+    queueing them behind the busy workers of the shared executor, which could wait forever."""
+    def outer(_: int, lo: int, hi: int) -> list[tuple[int, int, int]]:
+        with ThreadPool(2) as inner:
+            return inner.run(lambda i, a, b: (threading.get_ident(), a, b), 6)
+
+    with ThreadPool(2) as pool:
+        results = pool.run(lambda i, lo, hi: (threading.get_ident(), outer(i, lo, hi)), 2)
+    for ident, inner in results:
+        assert [(a, b) for _, a, b in inner] == [(0, 3), (3, 6)]
+        if ident != threading.get_ident():  # the worker's share: its nested ranges stayed on the worker
+            assert {t for t, _, _ in inner} == {ident}

@@ -265,6 +265,10 @@ class RetrievalDataset(torch.utils.data.Dataset):
     def __len__(self) -> int:
         return len(self.paths)
 
+    def _whole_image(self, index: int) -> bool:
+        """Whether item ``index`` is its whole decoded image: no landmarks or box, whose coordinates are in full-size pixels."""
+        return index not in self.landmarks and index not in self.boxes
+
     def read(self, index: int) -> bytes:
         """The bytes of item ``index``'s file; a :class:`BadImageError` naming it and its line when they cannot be read."""
         try:
@@ -278,7 +282,7 @@ class RetrievalDataset(torch.utils.data.Dataset):
         the transform resizes to, allowing a reduced JPEG decode (:func:`load_image`; not for items
         with landmarks or a box, whose coordinates are in full-size pixels). ``data``: the file's bytes, when read already."""
         path = self.paths[index]
-        if index in self.landmarks or index in self.boxes:
+        if not self._whole_image(index):
             min_side = None
         data = self.read(index) if data is None else data
         try:
@@ -303,7 +307,7 @@ class RetrievalDataset(torch.utils.data.Dataset):
         min_side = getattr(self.transform, "decode_min_side", None)
         data = self.read(index)
         # a transform with a fused path takes a JPEG's pixels as decoded (no Pillow image), unless the item is cropped or aligned
-        plain = getattr(self.transform, "takes_pixels", False) and index not in self.landmarks and index not in self.boxes
+        plain = getattr(self.transform, "takes_pixels", False) and self._whole_image(index)
         pixels = decode_jpeg_pixels(data, min_side) if plain else None
         if pixels is not None:
             image = self.transform(pixels)

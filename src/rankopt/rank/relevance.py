@@ -13,7 +13,6 @@ from collections.abc import Sequence
 import torch
 
 
-
 def level_counts(levels: torch.Tensor, num_levels: int, valid: torch.Tensor | None = None) -> torch.Tensor:
     """``(Q, L + 1)`` float64: ``|Omega^(l)|``, the number of retrieval-set items at each level
     (the valid items' ones added into their level's column: one pass over the ``(Q, R)`` levels)."""

@@ -199,7 +199,8 @@ def sup_rank_sums(
     """``(C, P, G)``: ``sum_{k in mask g} H^-(s_k - s_p)`` (TPAMI Eq. 5) for every pivot and mask, using
     ``H^-(t) = sigma(min(t, delta) / tau) + start * H(t) + rho * [t - delta]_+`` (= Eq. 4).
 
-    ``method`` (:data:`SUM_METHODS`): ``"compiled"`` evaluates ``H^-`` per pair in float64 with the dense path's float
+    ``method`` (:data:`SUM_METHODS`): ``"compiled"`` evaluates ``H^-`` per pair (float32 rows within
+    ``_surrogate_kernels.SPREAD_FLOAT32`` in float32, others in float64; sums in float64) with the dense path's float
     tests ``s_k >= s_p`` and ``fl(s_k / tau - s_p / tau) > delta / tau``; ``"torch"`` sums the linear branch as
     ``rho * (sum s_k - n (s_p + delta))`` over the items beyond ``delta``. Memory: ``(C, G, M)`` float masks
     (``"torch"``: ``(C, 3G, M)``, masks times scores too, and two blocks of :data:`KERNEL_BLOCK` floats).

@@ -139,3 +139,17 @@ def test_resume_without_recipe_takes_the_checkpoints_config(tmp_path):
     resumed = resolve_config(args)
     assert (resumed.train.epochs, resumed.train.seed) == (6, 7)  # saved config + the new override
     assert resumed.train.resume == str(path) and resumed.output.dir == str((tmp_path / "run").resolve())
+
+
+def test_train_a_sum_of_losses_end_to_end(tmp_path):
+    """``rankopt train loss.name=arcface+smooth_ap`` (Smooth-AP appended to ArcFace) on a few synthetic steps."""
+    import csv
+
+    run = tmp_path / "sum"
+    assert main(["train", "loss.name=arcface+smooth_ap", "loss.kwargs.smooth_ap.tau=0.02", *SMALL_SYNTHETIC,
+                 "train.epochs=1", "train.max_steps_per_epoch=2", "eval.metrics=[map@r]", "output.figures=false",
+                 "output.tensorboard=false", "output.progress=false", f"output.dir={run}"]) == 0
+    report = json.loads((run / "report.json").read_text())
+    assert report["loss"]["name"] == "arcface+smooth_ap" and report["steps"] == 2 and "map@r" in report["trained"]
+    rows = list(csv.DictReader((run / "steps.csv").open()))
+    assert len(rows) == 2 and all(float(r["term/arcface"]) > 0 and float(r["term/smooth_ap"]) > 0 for r in rows)

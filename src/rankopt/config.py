@@ -76,11 +76,28 @@ class ModelConfig:
 
 
 @dataclass
+class LossTermConfig:
+    """One term of a weighted sum of losses (``loss.terms``): ``weight · rankopt.losses.build(name, **kwargs)``."""
+
+    name: str = ""
+    weight: float = 1.0
+    kwargs: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
 class LossConfig:
-    """``rankopt.losses.build(name, **kwargs)``; ``num_classes``/``embedding_dim`` are filled in when the loss takes them."""
+    """``rankopt.losses.build(name, **kwargs)``; ``num_classes``/``embedding_dim`` are filled in when the loss takes
+    them.
+
+    A sum (``rankopt.losses.sums``): ``name=arcface+smooth_ap`` with ``kwargs`` keyed by term name, or ``terms``
+    (name, weight, kwargs each) with ``name`` their names joined by ``+``. ``init``: ``random`` (the papers') or
+    ``class_means`` (class weights from the class means of the training embeddings before training).
+    """
 
     name: str = "roadmap"
     kwargs: dict[str, Any] = field(default_factory=dict)
+    terms: list[LossTermConfig] = field(default_factory=list)
+    init: str = "random"
 
 
 @dataclass
@@ -114,10 +131,19 @@ class OptimizerConfig:
 
 @dataclass
 class LossParamsOptimConfig(OptimizerConfig):
-    """The loss parameters' (proxies') own optimizer and schedule (TPAMI: Adam, lr 10, cosine)."""
+    """The loss parameters' (proxies', class weights') own optimizer and schedule (TPAMI: Adam, lr 10, cosine).
+
+    ``with_model``: ``None``, as the loss's paper: class weights with a paper multiplier (ArcFace, CosFace,
+    Sub-center ArcFace ×1, Proxy-Anchor ×100) join the model's optimizer at ``optim.lr`` × it, any other loss
+    parameter takes this optimizer; ``true``: every loss parameter joins the model's optimizer (and schedule) at
+    ``optim.lr × lr_mult``; ``false``: every one takes this optimizer. ``lr_mult``: ``None`` for the paper's (1 when
+    it gives none).
+    """
 
     lr: float = 10.0
     schedule: ScheduleConfig = field(default_factory=lambda: ScheduleConfig(name="cosine", interval="step"))
+    with_model: bool | None = None
+    lr_mult: float | None = None
 
 
 @dataclass
@@ -212,6 +238,7 @@ _CHOICES: dict[str, tuple[str, ...]] = {
     "train.amp": ("none", "bf16", "fp16"),
     "model.pooling": ("avg", "max", "gem"),
     "eval.similarity": ("cosine", "dot", "neg_l2"),
+    "loss.init": ("random", "class_means"),
 }
 _POSITIVE = ("train.batch_size", "train.m", "train.eval_every", "eval.batch_size", "train.diagnostics_every")
 
@@ -250,7 +277,7 @@ def _load_raw(name_or_path: str | Path, seen: tuple[Path, ...] = ()) -> DictConf
 
 
 def _layer(base: DictConfig, update: DictConfig, *, replace_kwargs: bool) -> DictConfig:
-    """``update`` merged over ``base``. A new ``loss.name`` drops the base's ``loss.kwargs`` (a new
+    """``update`` merged over ``base``. A new ``loss.name`` drops the base's ``loss.kwargs`` and ``loss.terms`` (a new
     ``train.sampler`` its ``train.sampler_kwargs``); with
     ``replace_kwargs`` (recipe over base recipe) every free-form ``*kwargs`` mapping given replaces the base's."""
     merged = OmegaConf.merge(base, update)
@@ -258,6 +285,8 @@ def _layer(base: DictConfig, update: DictConfig, *, replace_kwargs: bool) -> Dic
         new = OmegaConf.select(update, name_key)
         if new is not None and new != OmegaConf.select(base, name_key, default=None):
             OmegaConf.update(merged, kwargs_key, OmegaConf.select(update, kwargs_key, default={}), merge=False)
+            if name_key == "loss.name" and OmegaConf.select(update, "loss.terms") is None:
+                OmegaConf.update(merged, "loss.terms", [], merge=False)  # a list given is merged as it is
     for key in _FREE_FORM if replace_kwargs else ():
         value = OmegaConf.select(update, key, default=None)
         if value is not None:

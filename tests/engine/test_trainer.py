@@ -235,7 +235,8 @@ def test_every_registered_loss_builds_from_a_config_and_trains(name):
     if args.get("num_classes") == "classes_per_level":
         assert sum(p.numel() for p in loss_fn.parameters()) == sum(counts) * 16  # a proxy per class of every level
     elif "num_classes" in args:
-        assert sum(p.numel() for p in loss_fn.parameters()) == counts[0] * 16
+        per_class = 3 if name == "subcenter_arcface" else 1  # its sub-centres
+        assert sum(p.numel() for p in loss_fn.parameters()) == counts[0] * 16 * per_class
     else:
         assert not list(loss_fn.parameters())
     emb = torch.nn.functional.normalize(torch.randn(48, 16), dim=1).requires_grad_()

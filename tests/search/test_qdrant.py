@@ -169,7 +169,8 @@ def test_cli_index_search_remove_and_serve_through_qdrant(tmp_path, checkpoint, 
     from rankopt.serve import IndexHolder, Settings, create_app
 
     vector = index.embeddings[0].tolist()
-    with TestClient(create_app(IndexHolder(tmp_path / "q", device="cpu"), Settings(reload_every_s=0))) as client:
+    app = create_app(IndexHolder(tmp_path / "q", device="cpu"), Settings(reload_every_s=0))
+    with TestClient(app, base_url="http://localhost") as client:  # a Host the service answers
         response = client.post("/search", json={"vector": vector, "k": 3})
     assert response.status_code == 200, response.text
     assert [r["id"] for r in response.json()["results"]] == index.search(index.embeddings[:1], 3).ids[0]

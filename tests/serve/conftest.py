@@ -25,6 +25,11 @@ pytest.importorskip("httpx", reason="the service tests need httpx (the test extr
 from fastapi.testclient import TestClient  # noqa: E402 - after the skip
 
 from rankopt.serve import IndexHolder, Settings, create_app  # noqa: E402
+from rankopt.serve.guard import HostRule  # noqa: E402
+
+
+TEST_HOSTS = HostRule(allowed=("testserver",))
+"""The test client's ``Host``, answered besides the loopback names."""
 
 
 @pytest.fixture(scope="session")
@@ -66,6 +71,7 @@ def make_client(index_dir: Path) -> Iterator[Callable[..., TestClient]]:
     with contextlib.ExitStack() as stack:
         def make(**settings) -> TestClient:
             settings.setdefault("reload_every_s", 0)
+            settings.setdefault("hosts", TEST_HOSTS)
             app = create_app(IndexHolder(index_dir, device="cpu"), Settings(**settings))
             return stack.enter_context(TestClient(app))
 
@@ -83,16 +89,16 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-@pytest.fixture(scope="session")
-def live_server(served: Path) -> Iterator[str]:
-    """``rankopt serve`` started as its own process on a free loopback port; its base URL."""
+@contextlib.contextmanager
+def running_server(index: Path, *options: str) -> Iterator[str]:
+    """``rankopt serve INDEX OPTIONS`` as its own process on a free loopback port; its base URL."""
     import httpx
 
     port = free_port()
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    log = open(served / "server.log", "w+b")  # noqa: SIM115 - kept open for the process's life
-    process = subprocess.Popen([sys.executable, "-m", "rankopt", "serve", str(served / "idx"), "--port", str(port),
-                                "--device", "cpu"], stdout=log, stderr=subprocess.STDOUT, env=env)
+    log = open(index.parent / f"server-{port}.log", "w+b")  # noqa: SIM115 - kept open for the process's life
+    process = subprocess.Popen([sys.executable, "-m", "rankopt", "serve", str(index), "--port", str(port),
+                                "--device", "cpu", *options], stdout=log, stderr=subprocess.STDOUT, env=env)
     url = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + 600
@@ -110,6 +116,13 @@ def live_server(served: Path) -> Iterator[str]:
         process.terminate()
         process.wait(timeout=30)
         log.close()
+
+
+@pytest.fixture(scope="session")
+def live_server(served: Path) -> Iterator[str]:
+    """``rankopt serve`` started as its own process on a free loopback port; its base URL."""
+    with running_server(served / "idx") as url:
+        yield url
 
 
 def image_bytes(colour: tuple[int, int, int], fmt: str = "PNG", size: int = 40) -> bytes:

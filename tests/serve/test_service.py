@@ -17,7 +17,7 @@ from rankopt.search import Index
 from rankopt.serve import IndexHolder
 from rankopt.serve.server import check_host
 
-from .conftest import image_bytes
+from .conftest import TEST_HOSTS, image_bytes
 from .test_api import PNG, assert_same_results, cli_records, upload
 
 SAMPLE = re.compile(r'^([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{((?:[a-zA-Z_]\w*="(?:[^"\\]|\\.)*",?)*)\})? (\S+)$')
@@ -247,7 +247,7 @@ def test_a_failing_forward_is_a_json_500_and_the_service_goes_on(index_dir, monk
         return embed(self, images)
 
     monkeypatch.setattr(Snapshot, "embed", fail_once)
-    app = create_app(IndexHolder(index_dir, device="cpu"), Settings(reload_every_s=0))
+    app = create_app(IndexHolder(index_dir, device="cpu"), Settings(reload_every_s=0, hosts=TEST_HOSTS))
     with TestClient(app, raise_server_exceptions=False) as client:
         failed = upload(client, PNG)
         assert failed.status_code == 500 and "out of memory, say" in failed.json()["error"]
@@ -265,7 +265,9 @@ def test_queries_embedded_by_the_onnx_export(served, index_dir, client, tmp_path
     onnx = export_checkpoint(served / "model.ckpt", tmp_path / "model.onnx", progress=False).path
     holder = IndexHolder(index_dir, onnx=onnx, device="cpu")
     assert type(holder.current.embedder.model).__name__ == "OnnxNet"
-    with TestClient(create_app(holder, Settings(reload_every_s=0))) as by_onnx:
+    one = IndexHolder(index_dir, onnx=onnx, device="cpu", threads=1)  # rankopt serve --onnx M --threads 1
+    assert one.current.embedder.model.session.get_session_options().intra_op_num_threads == 1
+    with TestClient(create_app(holder, Settings(reload_every_s=0, hosts=TEST_HOSTS))) as by_onnx:
         for data in (PNG, image_bytes((30, 140, 150), "JPEG", size=120)):
             got, want = upload(by_onnx, data).json()["results"], upload(client, data).json()["results"]
             assert [r["id"] for r in got] == [r["id"] for r in want]

@@ -16,14 +16,40 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
                              "checkpoint (same fingerprint as its checkpoint)")
 
 
+TORCH_THREADS = "torch's, one per core"
+
+
+def threads_count(text: str) -> int:
+    """``--threads``' value: an integer >= 1 (argparse type)."""
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"expected a number of threads >= 1, got {text!r}")
+    return int(text)
+
+
+def add_threads_argument(parser: argparse.ArgumentParser, default: str = TORCH_THREADS) -> None:
+    """``--threads N``: torch's intra-op threads (:func:`apply_threads`)."""
+    parser.add_argument("--threads", type=threads_count, metavar="N",
+                        help=f"torch's intra-op threads for this command (default: {default})")
+
+
+def apply_threads(args: argparse.Namespace) -> None:
+    """``torch.set_num_threads(--threads)`` for the calling thread's torch operations, when given."""
+    if args.threads is not None:
+        import torch
+
+        torch.set_num_threads(args.threads)
+
+
 def embedder_from_args(args: argparse.Namespace, **options: Any) -> Any:
-    """The :class:`rankopt.search.Embedder` of ``CHECKPOINT`` or ``--onnx`` (``options``: device, batch size, ...)."""
+    """The :class:`rankopt.search.Embedder` of ``CHECKPOINT`` or ``--onnx`` (``options``: device, batch size, ...),
+    with ``--threads`` applied (onnxruntime's intra-op threads too)."""
     from rankopt.search import Embedder
 
     if (args.checkpoint is None) == (args.onnx is None):
         raise ValueError("give the model as a CHECKPOINT or as --onnx MODEL.onnx (one of them)")
+    apply_threads(args)
     if args.onnx is not None:
-        return Embedder.from_onnx(args.onnx, **options)
+        return Embedder.from_onnx(args.onnx, threads=args.threads, **options)
     return Embedder.from_checkpoint(args.checkpoint, **options)
 
 
@@ -32,13 +58,15 @@ def add_index_argument(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("index", metavar="INDEX_DIR", help="an index folder written by `rankopt index`")
 
 
-def add_index_model_options(parser: argparse.ArgumentParser, *, batches: bool = True) -> None:
-    """``--checkpoint``/``--onnx`` (default: the index's checkpoint) and ``--device``; with ``batches``,
-    ``--batch-size`` and ``--no-progress`` too."""
+def add_index_model_options(parser: argparse.ArgumentParser, *, batches: bool = True,
+                            threads_default: str = TORCH_THREADS) -> None:
+    """``--checkpoint``/``--onnx`` (default: the index's checkpoint), ``--device`` and ``--threads`` (its default
+    described as ``threads_default``); with ``batches``, ``--batch-size`` and ``--no-progress`` too."""
     model = parser.add_mutually_exclusive_group()
     model.add_argument("--checkpoint", metavar="CKPT", help="the model (default: the index's checkpoint)")
     model.add_argument("--onnx", metavar="MODEL.onnx", help="embed with this ONNX export instead (rankopt export)")
     parser.add_argument("--device", default="auto", help="cpu, cuda, cuda:1, ... (default: auto)")
+    add_threads_argument(parser, threads_default)
     if batches:
         parser.add_argument("--batch-size", type=int, default=256, metavar="B", help="embedding batch size (256)")
         parser.add_argument("--no-progress", action="store_true", help="hide progress bars")
@@ -46,10 +74,14 @@ def add_index_model_options(parser: argparse.ArgumentParser, *, batches: bool = 
 
 def index_embedder(index: Any, args: argparse.Namespace) -> Any:
     """The embedder of :func:`add_index_model_options`' model for ``index`` (its pipeline and fingerprint,
-    :meth:`rankopt.search.Index.embedder_for`); without an index, the ``--checkpoint`` alone."""
+    :meth:`rankopt.search.Index.embedder_for`); without an index, the ``--checkpoint`` alone. ``--threads`` applied
+    (onnxruntime's intra-op threads too)."""
     from rankopt.search import Embedder
 
+    apply_threads(args)
     options = {"device": args.device, "batch_size": args.batch_size, "progress": not args.no_progress}
+    if args.onnx is not None and args.threads is not None:
+        options["threads"] = args.threads
     source = args.onnx or args.checkpoint
     if index is None:
         return Embedder.from_checkpoint(source, **options)

@@ -5,11 +5,12 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from rankopt.cli._model import add_threads_argument, apply_threads
 from rankopt.cli._postprocess import add_postprocess_arguments
 
 
 def add_model_data_arguments(parser: argparse.ArgumentParser) -> None:
-    """Arguments shared by ``evaluate`` and ``embed``: checkpoint, dataset, transform, device."""
+    """Arguments shared by ``evaluate`` and ``embed``: checkpoint, dataset, transform, device, threads."""
     parser.add_argument("checkpoint", help="a rankopt checkpoint (e.g. RUN/checkpoints/best.ckpt)")
     parser.add_argument("--dataset", metavar="NAME", help="dataset name (default: the checkpoint's training dataset)")
     parser.add_argument("--root", metavar="PATH", help="dataset folder (default: the checkpoint's data.root)")
@@ -19,15 +20,17 @@ def add_model_data_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--num-workers", type=int, default=0, metavar="W", help="DataLoader workers")
     parser.add_argument("--device", default="auto", help="cpu, cuda, cuda:1, ... (default: auto)")
     parser.add_argument("--no-progress", action="store_true", help="hide progress bars")
+    add_threads_argument(parser)
 
 
 def load_for_inference(args: argparse.Namespace, splits: list[str] | None) -> tuple[Any, Any, dict[str, Any], Any, Any]:
     """(model, config, {split: dataset}, device, batch transform or None) for ``args``, with the test transform
     (``args.transform``/``args.image_size`` written into the config). ``splits``: ``None`` for the dataset's
-    evaluation splits, ``[]`` for none (no dataset is read)."""
+    evaluation splits, ``[]`` for none (no dataset is read). Applies ``--threads``."""
     from rankopt.checks import canonical_image_size
     from rankopt.engine.assembly import build_datasets, build_transforms, model_from_checkpoint, resolve_device
 
+    apply_threads(args)
     device = resolve_device(args.device)
     model, cfg = model_from_checkpoint(args.checkpoint, device)
     data = cfg.data

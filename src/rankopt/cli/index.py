@@ -19,7 +19,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from rankopt.cli._model import add_model_arguments
+from rankopt.cli._model import add_model_arguments, add_threads_argument
 from rankopt.cli._postprocess import add_postprocess_arguments
 
 
@@ -44,6 +44,7 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--device", default="auto", help="cpu, cuda, cuda:1, ... (default: auto)")
     parser.add_argument("--num-workers", type=int, default=0, metavar="W", help="DataLoader workers")
     parser.add_argument("--no-progress", action="store_true", help="hide progress bars")
+    add_threads_argument(parser)
     add_postprocess_arguments(parser, query_side=False, gallery_side=True)
     parser.set_defaults(func=run)
 

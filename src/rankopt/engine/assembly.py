@@ -101,19 +101,22 @@ def model_from_checkpoint(path: str | Path, device: torch.device | str = "cpu") 
 
 
 def build_loss(cfg: ExperimentConfig, *, class_counts: list[int], embedding_dim: int) -> nn.Module:
-    """``rankopt.losses.build(cfg.loss.name, **cfg.loss.kwargs)``.
+    """``rankopt.losses.build(cfg.loss.name, **cfg.loss.kwargs)``, or the sum of ``cfg.loss``'s terms
+    (``rankopt.losses.loss_terms``).
 
-    Losses with proxies (``proxy_dg``, ``rod_*``, ``happier``, ``normalized_softmax``, ``sum_nsm``, ...)
-    get their data arguments (``rankopt.losses.data_arguments``) from the data and the model unless given:
-    ``class_counts`` holds the number of classes of each label column (finest first).
+    Losses with proxies or class weights (``proxy_dg``, ``rod_*``, ``happier``, ``normalized_softmax``, ``arcface``,
+    ``pml:<ClassName>``, ...), each term of a sum alike, get their data arguments (``rankopt.losses.data_arguments``)
+    from the data and the model unless given: ``class_counts`` holds the number of classes of each label column
+    (finest first).
     """
     from rankopt import losses
 
     sources = {"classes": class_counts[0], "classes_per_level": list(class_counts), "embedding_dim": embedding_dim}
-    kwargs = dict(cfg.loss.kwargs)
-    for arg, source in losses.data_arguments(cfg.loss.name).items():
-        kwargs.setdefault(arg, sources[source])
-    return losses.build(cfg.loss.name, **kwargs)
+    terms = losses.loss_terms(cfg.loss.name, cfg.loss.kwargs, [dataclasses.asdict(t) for t in cfg.loss.terms])
+    filled = [dataclasses.replace(t, kwargs={arg: sources[source] for arg, source in
+                                             losses.data_arguments(t.name).items()} | dict(t.kwargs))
+              for t in terms]
+    return losses.build_terms(filled)
 
 
 def build_transforms(cfg: ExperimentConfig) -> tuple[Any, Any]:

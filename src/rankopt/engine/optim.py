@@ -39,6 +39,31 @@ def model_param_groups(backbone: Iterable[torch.nn.Parameter], head: Iterable[to
     return [g for g in groups if g["params"]]
 
 
+def loss_param_groups(loss: torch.nn.Module, cfg: OptimConfig) -> tuple[list[dict], list[torch.nn.Parameter]]:
+    """The loss's trainable parameters split into groups for the model's optimizer (``loss_weights``, at
+    ``cfg.lr`` × multiplier; one group per multiplier, ``loss_weights_x<mult>`` when several) and the parameters
+    of their own optimizer (``cfg.loss_params``), following ``cfg.loss_params.with_model`` and ``lr_mult``
+    (:class:`~rankopt.config.LossParamsOptimConfig`). A module's ``paper_lr_mult`` (the classification losses')
+    is its paper's multiplier; its parameters are its own and its sub-modules'."""
+    lp = cfg.loss_params
+    paper: dict[torch.nn.Parameter, float] = {}
+    for module in loss.modules():
+        mult = getattr(module, "paper_lr_mult", None)
+        if mult is not None:
+            paper.update((p, float(mult)) for p in module.parameters())
+    by_mult: dict[float, list[torch.nn.Parameter]] = {}
+    own = []
+    for p in (p for p in loss.parameters() if p.requires_grad):
+        if lp.with_model is False or (lp.with_model is None and p not in paper):
+            own.append(p)
+        else:
+            by_mult.setdefault(lp.lr_mult if lp.lr_mult is not None else paper.get(p, 1.0), []).append(p)
+    named = len(by_mult) > 1
+    groups = [{"name": f"loss_weights_x{mult:g}" if named else "loss_weights", "params": params, "lr": cfg.lr * mult}
+              for mult, params in by_mult.items()]
+    return groups, own
+
+
 def lr_factor(cfg: ScheduleConfig, t: int, total: int) -> float:
     """Multiplier of the base learning rate after ``t`` scheduler steps out of ``total``.
 

@@ -27,6 +27,7 @@ re-seeds the workers' augmentations.
 
 from __future__ import annotations
 
+import copy
 import itertools
 import json
 import math
@@ -50,7 +51,7 @@ from rankopt.engine import run_folder
 from rankopt.engine.distributed import average_gradients
 from rankopt.engine.evaluation import EmbeddedSplit, autocast_context, embed_dataset, evaluate_model
 from rankopt.engine.logging import RunLogger, echo, format_table, progress, write_csv_atomic
-from rankopt.engine.optim import build_optimizer, build_scheduler, model_param_groups
+from rankopt.engine.optim import build_optimizer, build_scheduler, loss_param_groups, model_param_groups
 from rankopt.files import write_text_atomic
 from rankopt.losses import terms
 from rankopt.rank.differences import difference_summary, score_differences
@@ -124,6 +125,7 @@ class Trainer:
         self.device = resolve_device(cfg.train.device, info.local_rank)
         stamp = datetime.now(timezone.utc).strftime("%Y%m%d-%H%M%S")
         self.run_dir = Path(run_dir or cfg.output.dir or Path("runs") / f"{cfg.name}-{stamp}")
+        resume_path = ckpt.resolve_resume(cfg.train.resume, self.run_dir) if cfg.train.resume else None
         seed_everything(cfg.train.seed + self.rank)
         self.show = cfg.output.progress and self.is_main
         for note in init_notes if self.is_main else ():
@@ -148,6 +150,8 @@ class Trainer:
         embedding_dim = int(self.model.embedding_dim)
         self.loss_fn = build_loss(cfg, class_counts=(labels.max(axis=0) + 1).tolist(), embedding_dim=embedding_dim)
         self.loss_fn.to(self.device)
+        if cfg.loss.init == "class_means" and not resume_path:
+            self._init_class_means()
         self.train_model: nn.Module = self.model
         self.train_loss: nn.Module = self.loss_fn
         if self.world_size > 1:
@@ -160,12 +164,13 @@ class Trainer:
                 torch.distributed.broadcast(tensor, src=0)
 
         o = cfg.optim
-        groups = model_param_groups(self.model.backbone_parameters(), self.model.head_parameters(), o)
+        loss_groups, own_loss_params = loss_param_groups(self.loss_fn, o)
+        groups = model_param_groups(self.model.backbone_parameters(), self.model.head_parameters(), o) + loss_groups
         self.optimizer = build_optimizer(groups, o)
         self.scheduler = build_scheduler(self.optimizer, cfg.schedule, epochs=cfg.train.epochs,
                                          steps_per_epoch=self.steps_per_epoch)
         self.loss_params = [p for p in self.loss_fn.parameters() if p.requires_grad]
-        self.loss_optimizer = build_optimizer(self.loss_params, o.loss_params) if self.loss_params else None
+        self.loss_optimizer = build_optimizer(own_loss_params, o.loss_params) if own_loss_params else None
         self.loss_scheduler = None
         if self.loss_optimizer is not None:
             self.loss_scheduler = build_scheduler(self.loss_optimizer, o.loss_params.schedule,
@@ -194,12 +199,10 @@ class Trainer:
         self.last_splits: list[EmbeddedSplit] = []
         self.last_by_category: dict[str, Any] = {}
         self._backbone_params = list(self.model.backbone_parameters())
-        if cfg.train.resume:
-            path = ckpt.resolve_resume(cfg.train.resume, self.run_dir)
-            if path is not None:
-                self.load_state(ckpt.load_checkpoint(path, map_location=self.device))
-                if self.is_main:
-                    echo(f"resumed from {path} (epoch {self.epoch}, step {self.global_step})")
+        if resume_path is not None:
+            self.load_state(ckpt.load_checkpoint(resume_path, map_location=self.device))
+            if self.is_main:
+                echo(f"resumed from {resume_path} (epoch {self.epoch}, step {self.global_step})")
 
     def _init_projection_pca(self, num_images: int) -> None:
         """PCA initialisation of the projection from the descriptors of ``num_images`` training
@@ -207,20 +210,36 @@ class Trainer:
         and share the descriptor computation, so every rank gets the same projection."""
         from rankopt.data import build_dataset
 
-        if self.world_size > 1:
-            for tensor in self.model.state_dict().values():
-                torch.distributed.broadcast(tensor, src=0)
-
         d = self.cfg.data
-        test_tf = None if d.batch_transform else build_transforms(self.cfg)[1]
-        dataset = build_dataset(d.name, d.root, d.train_split, transform=test_tf, **d.kwargs)
+        dataset = build_dataset(d.name, d.root, d.train_split, transform=self._test_transform(), **d.kwargs)
         picked = np.linspace(0, len(dataset) - 1, min(num_images, len(dataset))).round().astype(int)
         subset = Subset(dataset, sorted(set(picked.tolist())))
         subset.labels, subset.paths = dataset.labels[subset.indices], [dataset.paths[i] for i in subset.indices]
-        descriptors = embed_dataset(_Descriptors(self.model), subset, device=self.device,
-                                    num_workers=d.num_workers, show_progress=self.show, desc="PCA descriptors",
-                                    batch_transform=self.batch_transforms[1])
+        descriptors = self._embed_with_rank0_model(_Descriptors(self.model), subset, "PCA descriptors")
         self.model.init_projection_pca(descriptors.embeddings.to(self.device))
+
+    def _init_class_means(self) -> None:
+        """``loss.init=class_means``: the loss's class weights (``rankopt.losses.init_class_means``) from the
+        embeddings of every training image by the model before training (test transform); under DDP the ranks
+        share the embedding with rank 0's weights, and the loss state is broadcast from rank 0 afterwards."""
+        from rankopt.losses import init_class_means
+
+        dataset = copy.copy(self.train_ds)
+        dataset.transform = self._test_transform()
+        split = self._embed_with_rank0_model(self.model, dataset, "class means")
+        init_class_means(self.loss_fn, split.embeddings.to(self.device), split.labels.to(self.device))
+
+    def _test_transform(self) -> Any:
+        """The per-image test transform (``None`` with ``data.batch_transform``: batches are transformed)."""
+        return None if self.cfg.data.batch_transform else build_transforms(self.cfg)[1]
+
+    def _embed_with_rank0_model(self, module: nn.Module, dataset: Any, desc: str) -> EmbeddedSplit:
+        """``module``'s outputs on ``dataset`` (test batch transform), every rank starting from rank 0's weights."""
+        if self.world_size > 1:
+            for tensor in self.model.state_dict().values():
+                torch.distributed.broadcast(tensor, src=0)
+        return embed_dataset(module, dataset, device=self.device, num_workers=self.cfg.data.num_workers,
+                             show_progress=self.show, desc=desc, batch_transform=self.batch_transforms[1])
 
     # ---------------------------------------------------------------- state
     def state_dict(self) -> dict[str, Any]:
@@ -483,7 +502,8 @@ class Trainer:
                      "train": run_folder.dataset_counts({"train": self.train_ds})["train"],
                      "eval": run_folder.dataset_counts(self.eval_ds)},
             "model": run_folder.model_info(self.model, self.cfg.model.backbone),
-            "loss": {"name": self.cfg.loss.name, "kwargs": dict(self.cfg.loss.kwargs), "repr": repr(self.loss_fn)},
+            "loss": {"name": self.cfg.loss.name, "kwargs": dict(self.cfg.loss.kwargs), "repr": repr(self.loss_fn),
+                     "terms": [vars(t) for t in self.cfg.loss.terms], "init": self.cfg.loss.init},
             "machine": run_folder.machine_info(self.device),
         }
         if self.last_by_category and report["trained"]:

@@ -12,7 +12,9 @@
   is compared with the rest of the batch plus the reference set, itself excluded by
   index (PML alone compares with the reference set only when ``ref_emb`` is given).
   Proxy losses do not (``accepts_reference = False``); their proxies are ordinary
-  parameters, ``loss.parameters()``, for their own optimizer group.
+  parameters, ``loss.parameters()``, for their own optimizer group; ``paper_lr_mult`` (set by the
+  classification losses, :mod:`rankopt.losses.classification`) asks for a group of the model's optimizer
+  at that multiple of its learning rate instead, as their papers train them.
 
 ProxyNCA++ (Teh et al. 2020) is not in PML; its loss, ``-log softmax_c(-||x - p_c||^2 / T)``
 over normalised embeddings and proxies with the positive proxy in the denominator, is
@@ -49,6 +51,8 @@ class PMLLoss(RankLoss):
     ``losses``/``miners``: one entry shared by every level, or one per level (proxy
     losses, whose proxies differ per level). ``hierarchical=False`` uses column 0 only.
     ``num_classes`` (per entry) and ``embedding_dim`` are checked for proxy losses.
+    ``paper_lr_mult``: the learning rate of the loss's parameters as a multiple of the model's (None: their own
+    optimizer, ``optim.loss_params``).
     """
 
     def __init__(
@@ -61,6 +65,7 @@ class PMLLoss(RankLoss):
         accepts_reference: bool = True,
         num_classes: Sequence[int] | None = None,
         embedding_dim: int | None = None,
+        paper_lr_mult: float | None = None,
     ) -> None:
         super().__init__()
         self.losses = nn.ModuleList(losses)
@@ -72,6 +77,7 @@ class PMLLoss(RankLoss):
         self.accepts_reference = accepts_reference
         self.num_classes = None if num_classes is None else [int(n) for n in num_classes]
         self.embedding_dim = embedding_dim
+        self.paper_lr_mult = paper_lr_mult
 
     def forward(
         self,
@@ -119,7 +125,9 @@ def _semi_hard_triplet(margin: float) -> tuple[nn.Module, nn.Module]:
     return pml_losses.TripletMarginLoss(margin=margin), pml_miners.TripletMarginMiner(margin=margin, type_of_triplets="semihard")
 
 
-def _proxy_losses(make: type[nn.Module], num_classes: Sequence[int], embedding_dim: int, hierarchical: bool, weights: Sequence[float] | None, **kwargs: float) -> PMLLoss:
+def proxy_losses(make: type[nn.Module], num_classes: Sequence[int], embedding_dim: int, hierarchical: bool,
+                 weights: Sequence[float] | None, paper_lr_mult: float | None = None, **kwargs: float) -> PMLLoss:
+    """PML loss class ``make`` with one set of class weights (proxies) per entry of ``num_classes``."""
     return PMLLoss(
         [make(num_classes=n, embedding_size=embedding_dim, **kwargs) for n in num_classes],
         hierarchical=hierarchical,
@@ -127,6 +135,7 @@ def _proxy_losses(make: type[nn.Module], num_classes: Sequence[int], embedding_d
         accepts_reference=False,
         num_classes=num_classes,
         embedding_dim=embedding_dim,
+        paper_lr_mult=paper_lr_mult,
     )
 
 
@@ -156,10 +165,20 @@ def multi_similarity(alpha: float = 2.0, beta: float = 50.0, base: float = 0.5, 
     return PMLLoss([pml_losses.MultiSimilarityLoss(alpha=alpha, beta=beta, base=base)], [pml_miners.MultiSimilarityMiner(epsilon=epsilon)])
 
 
+@LOSSES.register("supcon")
+def supcon(temperature: float = 0.1) -> PMLLoss:
+    """Supervised contrastive loss (Khosla et al. NeurIPS 2020, Eq. 2, L^sup_out, tau = 0.1):
+    ``-1/|P(i)| sum_{p in P(i)} log( exp(z_i . z_p / tau) / sum_{a in A(i)} exp(z_i . z_a / tau) )`` over normalised
+    embeddings, ``A(i)`` every other item, ``P(i)`` those of ``i``'s class; Eq. 2 sums it over the anchors ``i``,
+    PML's ``SupConLoss`` averages."""
+    return PMLLoss([pml_losses.SupConLoss(temperature=temperature)])
+
+
 @LOSSES.register("normalized_softmax")
 def normalized_softmax(num_classes: int, embedding_dim: int, temperature: float = 0.05) -> PMLLoss:
     """NSM (Zhai & Wu 2018): softmax over cosine similarities to class proxies / temperature."""
-    return _proxy_losses(pml_losses.NormalizedSoftmaxLoss, [num_classes], embedding_dim, False, None, temperature=temperature)
+    return proxy_losses(pml_losses.NormalizedSoftmaxLoss, [num_classes], embedding_dim, False, None,
+                        temperature=temperature)
 
 
 _PER_LEVEL_PROXIES = {"num_classes": "classes_per_level", "embedding_dim": "embedding_dim"}
@@ -168,7 +187,8 @@ _PER_LEVEL_PROXIES = {"num_classes": "classes_per_level", "embedding_dim": "embe
 @LOSSES.register("sum_nsm")
 def sum_nsm(num_classes: Sequence[int], embedding_dim: int, temperature: float = 0.05, weights: Sequence[float] | None = None) -> PMLLoss:
     """ΣNSM (TPAMI Table V): one NSM per label level (``num_classes[l]`` proxies), summed."""
-    return _proxy_losses(pml_losses.NormalizedSoftmaxLoss, num_classes, embedding_dim, True, weights, temperature=temperature)
+    return proxy_losses(pml_losses.NormalizedSoftmaxLoss, num_classes, embedding_dim, True, weights,
+                        temperature=temperature)
 
 
 sum_nsm.data_arguments = _PER_LEVEL_PROXIES  # type: ignore[attr-defined]
@@ -177,19 +197,21 @@ sum_nsm.data_arguments = _PER_LEVEL_PROXIES  # type: ignore[attr-defined]
 @LOSSES.register("proxy_nca")
 def proxy_nca(num_classes: int, embedding_dim: int, softmax_scale: float = 1.0) -> PMLLoss:
     """ProxyNCA as in PML: ``-log softmax(-softmax_scale * ||x - p||^2)`` of the class proxy."""
-    return _proxy_losses(pml_losses.ProxyNCALoss, [num_classes], embedding_dim, False, None, softmax_scale=softmax_scale)
+    return proxy_losses(pml_losses.ProxyNCALoss, [num_classes], embedding_dim, False, None, softmax_scale=softmax_scale)
 
 
 @LOSSES.register("proxy_nca_pp")
 def proxy_nca_pp(num_classes: int, embedding_dim: int, temperature: float = 1 / 9) -> PMLLoss:
     """ProxyNCA++ loss (Teh et al. 2020, temperature T = 1/9): PML ProxyNCA with scale 1/T."""
-    return _proxy_losses(pml_losses.ProxyNCALoss, [num_classes], embedding_dim, False, None, softmax_scale=1.0 / temperature)
+    return proxy_losses(pml_losses.ProxyNCALoss, [num_classes], embedding_dim, False, None,
+                        softmax_scale=1.0 / temperature)
 
 
 @LOSSES.register("sum_proxy_nca_pp")
 def sum_proxy_nca_pp(num_classes: Sequence[int], embedding_dim: int, temperature: float = 1 / 9, weights: Sequence[float] | None = None) -> PMLLoss:
     """ΣNCA++ (TPAMI Table V): one ProxyNCA++ per label level, summed."""
-    return _proxy_losses(pml_losses.ProxyNCALoss, num_classes, embedding_dim, True, weights, softmax_scale=1.0 / temperature)
+    return proxy_losses(pml_losses.ProxyNCALoss, num_classes, embedding_dim, True, weights,
+                        softmax_scale=1.0 / temperature)
 
 
 sum_proxy_nca_pp.data_arguments = _PER_LEVEL_PROXIES  # type: ignore[attr-defined]

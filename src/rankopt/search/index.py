@@ -78,7 +78,8 @@ class Index:
         self.faiss_index = faiss_index
         self.info: dict[str, Any] = dict(info or {})
         """``checkpoint``, ``model`` (summary), ``faiss`` (spec, params, recall), ``dba`` (k, alpha), ``created_utc``,
-        ``threshold``, ``version`` (of the folder it was loaded from, :func:`rankopt.search.storage.version`)."""
+        ``threshold``, ``uid`` and ``version`` (of the folder it was loaded from,
+        :func:`rankopt.search.storage.identity`)."""
         self.embedder = embedder
         self.post = post
         """The multi-scale and whitening steps of the embedding pipeline (applied to image queries too)."""
@@ -444,7 +445,7 @@ class Index:
         with qdrant.kept_in_step(self, directory):  # a Qdrant collection synced after the folder is written
             folder = storage.write(directory, storage.StoredIndex(self.embeddings, self.labels, info, items,
                                                                   self.faiss_index, whitening))
-            self.info["version"], self.folder = storage.version(folder), folder
+            (self.info["uid"], self.info["version"]), self.folder = storage.identity(folder), folder
         return folder
 
     @classmethod
@@ -465,7 +466,7 @@ class Index:
                                      f"{level} but {storage.EMBEDDINGS} uses label {largest}")
         items = Items.from_json(stored.items, stored.labels.shape[0], stored.info.get("next_id"), str(items_json))
         info = {key: stored.info.get(key) for key in ("checkpoint", "model", "faiss", "qdrant", "dba", "created_utc",
-                                                      "threshold", "version")}
+                                                      "threshold", "uid", "version")}
         preprocessing = stored.info.get("preprocessing") or {}
         scales = preprocessing.get(MULTISCALE_KEY)
         post = (PostProcessing(tuple(scales) if scales else None, stored.whitening)

@@ -24,7 +24,7 @@ import csv
 import math
 import os
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Union
 
@@ -162,13 +162,20 @@ def merged(old: Columns, old_rows: int, new: Columns, new_rows: int) -> Columns:
 
 
 # ---------------------------------------------------------------------- filters
+MEMBERSHIP = re.compile(r"(?<=\s)in\s+\[")
+"""`` in [`` of a membership condition (searched in linear time: no nested quantifiers)."""
+
+
 def parse_condition(condition: str) -> tuple[str, list[str]]:
-    """``"key=value"`` -> ``(key, [value])``; ``"key in [a, b]"`` -> ``(key, [a, b])``."""
-    member = re.fullmatch(r"\s*([^=\s][^=]*?)\s+in\s+\[(.*)\]\s*", condition, re.S)
-    if member:
-        inner = member.group(2).strip()
+    """``"key=value"`` -> ``(key, [value])``; ``"key in [a, b]"`` -> ``(key, [a, b])`` (the key before the first
+    `` in [``, the values up to the last ``]``)."""
+    member = MEMBERSHIP.search(condition)
+    key = condition[: member.start()].strip() if member else ""
+    rest = condition[member.end():].rstrip() if member else ""
+    if key and "=" not in key and rest.endswith("]"):
+        inner = rest[:-1].strip()
         values = next(csv.reader([inner], skipinitialspace=True)) if inner else []
-        return member.group(1), [v.strip().strip("'") for v in values]
+        return key, [v.strip().strip("'") for v in values]
     key, sep, value = condition.partition("=")
     if not sep or not key.strip():
         raise ValueError(f"filter {condition!r}: write key=value or 'key in [a, b]'")
@@ -176,27 +183,43 @@ def parse_condition(condition: str) -> tuple[str, list[str]]:
 
 
 def conditions(filter: Filter) -> dict[str, set[str]]:
-    """``{column: accepted texts}`` of a filter (see the module docstring)."""
+    """``{column: accepted texts}`` of a filter (see the module docstring); a ``ValueError`` naming the column
+    for a value that is not a scalar or a list of scalars, or a filter of another type."""
     if isinstance(filter, str):
         filter = [filter]
     out: dict[str, set[str]] = {}
     if isinstance(filter, Mapping):
         items = [(k, list(v) if isinstance(v, (list, tuple, set, frozenset)) else [v]) for k, v in filter.items()]
-    else:
+    elif isinstance(filter, Sequence) and all(isinstance(c, str) for c in filter):
         items = [parse_condition(c) for c in filter]
+    else:
+        raise ValueError(f"filter: {filter!r} is not a mapping, a string or a list of strings")
     for key, values in items:
-        accepted = {text(json_value(v, key)) for v in values}
+        if not isinstance(key, str):
+            raise ValueError(f"filter: column name {key!r} is not a string")
+        try:
+            accepted = {text(json_value(v, key)) for v in values}
+        except TypeError as err:
+            raise ValueError(f"filter: {err}; give a value or a list of values") from None
         out[key] = out[key] & accepted if key in out else accepted
     return out
+
+
+def check_columns(accepted: Mapping[str, set[str]], columns: Iterable[str]) -> None:
+    """A ``ValueError`` naming the known columns when a condition names another one."""
+    known = set(columns)
+    for key in accepted:
+        if key not in known:
+            names = ", ".join(sorted(known)) or "none"
+            raise ValueError(f"filter: unknown column {key!r}; the index's columns: {names}")
 
 
 def filter_mask(columns: Mapping[str, Sequence[Value]], rows: int, filter: Filter) -> np.ndarray:
     """``(rows,)`` bool: the items every condition of ``filter`` accepts. Unknown columns are a ``ValueError``
     naming the known ones."""
     mask = np.ones(rows, dtype=bool)
-    for key, accepted in conditions(filter).items():
-        if key not in columns:
-            known = ", ".join(sorted(columns)) or "none"
-            raise ValueError(f"filter: unknown column {key!r}; the index's columns: {known}")
+    accepted_by_column = conditions(filter)
+    check_columns(accepted_by_column, columns)
+    for key, accepted in accepted_by_column.items():
         mask &= np.fromiter((text(v) in accepted for v in columns[key]), dtype=bool, count=rows)
     return mask

@@ -5,8 +5,10 @@ file                           content
 =============================  =======================================================================
 ``index.json``                 format and version, rankopt version, fingerprint, preprocessing, similarity,
                                dim, count, checkpoint path, model summary, faiss spec/parameters/recall,
-                               created, threshold, next id; ``version`` (1, 2, ... one more at each change),
-                               ``changed_utc`` and ``data``: the name of the data folder below
+                               created, threshold, next id; ``uid`` (random, written when the folder is created,
+                               kept by every change: a folder rebuilt at the same path has a new one), ``version``
+                               (1, 2, ... one more at each change), ``changed_utc`` and ``data``: the name of the
+                               data folder below
 ``vNNNNNN/items.json``         ``ids``, ``paths`` (or null), ``level_names``, ``label_names`` (per level, by label
                                id, or null), ``metadata`` (columns), ``stamps``, ``crops`` (:mod:`.items`)
 ``vNNNNNN/embeddings.safetensors``  ``embeddings`` float32 ``(count, dim)``, ``labels`` int64 ``(count, L)``
@@ -20,8 +22,9 @@ A change writes a new data folder ``vNNNNNN`` (files flushed to disk), then repl
 kept for readers still loading it, older ones are deleted. So a reader (a running ``rankopt serve``)
 sees the old or the new index, never a mix, and a process killed at any moment leaves the last complete
 version in place (its unfinished folder is removed by the next change). A new folder is built as a
-hidden temporary sibling and renamed into place. **To notice a change, poll** :func:`version`
-(``index.json``'s ``version``; or the file's ``mtime_ns``): it grows at every change.
+hidden temporary sibling and renamed into place. **To notice a change, poll** :func:`identity`
+(``index.json``'s ``uid`` and ``version``): the version grows at every change, and a folder deleted and built
+again at the same path starts again at version 1 with a new ``uid``.
 Folders of format 1 (the files beside ``index.json``) are read, and upgraded by the next change.
 """
 
@@ -34,6 +37,7 @@ import re
 import shutil
 import tempfile
 import threading
+import uuid
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -84,7 +88,7 @@ def write(directory: str | os.PathLike[str], stored: StoredIndex) -> Path:
         target.parent.mkdir(parents=True, exist_ok=True)
         tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent))
         try:
-            _write_version(tmp, stored, 1)
+            _write_version(tmp, stored, 1, uuid.uuid4().hex)
             os.replace(tmp, target)  # a missing or empty folder: replaced at once
             _fsync(target.parent)
             return target
@@ -101,13 +105,13 @@ def write(directory: str | os.PathLike[str], stored: StoredIndex) -> Path:
         _collect(target, info)
         version = _version_of(info) + 1
         try:
-            _write_version(target, stored, version)
+            _write_version(target, stored, version, info.get("uid") or uuid.uuid4().hex)
         finally:
             _collect(target, _read_json(target / INDEX_JSON))
     return target
 
 
-def _write_version(folder: Path, stored: StoredIndex, version: int) -> None:
+def _write_version(folder: Path, stored: StoredIndex, version: int, uid: str) -> None:
     """The data folder of ``version`` in ``folder`` (flushed), then ``folder/index.json`` pointing at it."""
     from safetensors.torch import save_file
 
@@ -129,8 +133,8 @@ def _write_version(folder: Path, stored: StoredIndex, version: int) -> None:
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    info = {**stored.info, "format": FORMAT, "format_version": FORMAT_VERSION, "version": version, "data": name,
-            "changed_utc": f"{datetime.now(timezone.utc):%Y-%m-%d %H:%M:%S.%f UTC}"}
+    info = {**stored.info, "format": FORMAT, "format_version": FORMAT_VERSION, "uid": uid, "version": version,
+            "data": name, "changed_utc": f"{datetime.now(timezone.utc):%Y-%m-%d %H:%M:%S.%f UTC}"}
     _write_json_durably(folder / INDEX_JSON, info)
 
 
@@ -223,6 +227,13 @@ def version(directory: str | os.PathLike[str]) -> int:
     """The version of the index in ``directory`` (``index.json``'s ``version``, 0 for a format-1 folder):
     cheap to poll, it grows at every change."""
     return _version_of(_read_json(Path(directory) / INDEX_JSON))
+
+
+def identity(directory: str | os.PathLike[str]) -> tuple[str | None, int]:
+    """``(uid, version)`` of the index in ``directory``: it differs after any change or rebuild (``uid`` is None for a
+    folder written before uids)."""
+    info = _read_json(Path(directory) / INDEX_JSON)
+    return info.get("uid"), _version_of(info)
 
 
 def _version_of(info: Mapping[str, Any]) -> int:

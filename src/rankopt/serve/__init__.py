@@ -1,14 +1,18 @@
 """``rankopt serve``: an HTTP search service over an index folder, with a search page.
 
     from rankopt.serve import IndexHolder, Settings, create_app
-    app = create_app(IndexHolder("photos.index"), Settings(token="secret"))   # any ASGI server runs it
+    from rankopt.serve.guard import HostRule
+    app = create_app(IndexHolder("photos.index"), Settings(token="secret", hosts=HostRule("0.0.0.0", ("photos.lan",))))
+    # any ASGI server runs it; requests must name one of the hosts (else 421)
 
-Pieces: :mod:`~rankopt.serve.app` (routes, errors, token, body limit), :mod:`~rankopt.serve.batcher`
-(micro-batching of concurrent image queries), :mod:`~rankopt.serve.holder` (the served index and
-its reload when the folder changes), :mod:`~rankopt.serve.limits` (input checks),
-:mod:`~rankopt.serve.metrics` (Prometheus text), :mod:`~rankopt.serve.thumbnails`,
-:mod:`~rankopt.serve.server` (host check, uvicorn) and ``static/`` (the page). Needs the ``serve``
-extra (FastAPI, uvicorn, python-multipart): :func:`require_extra` says how to install it.
+Pieces: :mod:`~rankopt.serve.app` (routes, errors, token), :mod:`~rankopt.serve.guard` (before any route: Host
+rule, body limit, security headers, metrics labels), :mod:`~rankopt.serve.batcher` (micro-batching of concurrent
+image queries), :mod:`~rankopt.serve.holder` (the served index and its reload when the folder changes),
+:mod:`~rankopt.serve.limits` (input checks), :mod:`~rankopt.serve.images` (image decoding within limits),
+:mod:`~rankopt.serve.metrics` (Prometheus text), :mod:`~rankopt.serve.openapi` (the API's description),
+:mod:`~rankopt.serve.thumbnails`, :mod:`~rankopt.serve.server` (bind check, slow clients, uvicorn) and
+``static/`` (the page). Needs the ``serve`` extra (FastAPI, uvicorn, python-multipart): :func:`require_extra`
+says how to install it.
 """
 
 from __future__ import annotations

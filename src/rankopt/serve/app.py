@@ -10,14 +10,17 @@ route                    answer
                          ``k`` was capped to the index size
 ``GET /items/{id}``      the item: id, path, label, metadata
 ``GET /thumbnails/{id}`` a small JPEG of an indexed item (looked up by id, never a path)
-``GET /health``          status, item count, fingerprint, last reload (no token needed)
+``GET /health``          status, item count, fingerprint, last reload (no token needed; why it failed: with
+                         the token); ``HEAD`` too
+``GET /openapi.json``    the API's description (:mod:`rankopt.serve.openapi`)
 ``GET /metrics``         Prometheus text (:mod:`rankopt.serve.metrics`)
-``GET /``                the search page (``static/``: drop or pick an image, click a result)
+``GET /``                the search page (``static/``: drop or pick an image, click a result); ``HEAD`` too
 =======================  =======================================================================
 
 Errors are ``{"error": message}`` with a 4xx status (:mod:`rankopt.serve.limits`); the service keeps
-serving. With a token every route but ``/``, ``/static`` and ``/health`` needs
-``Authorization: Bearer TOKEN`` (compared in constant time). CORS is off unless origins are given.
+serving. Every request passes :mod:`rankopt.serve.guard` first (Host rule, body limit, security headers). With
+a token every route but ``/``, ``/static``, ``/openapi.json`` and ``/health`` needs ``Authorization: Bearer TOKEN``
+(compared in constant time). CORS is off unless origins are given.
 """
 
 from __future__ import annotations
@@ -25,7 +28,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hmac
-import json
 import os
 import time
 from collections.abc import AsyncIterator, Sequence
@@ -40,8 +42,11 @@ from fastapi.staticfiles import StaticFiles
 from starlette.datastructures import UploadFile
 from starlette.exceptions import HTTPException
 
+from rankopt import __version__
 from rankopt.serve.batcher import MicroBatcher
 from rankopt.serve.holder import IndexHolder, Snapshot
+from rankopt.serve.guard import Guard, HostRule, error_response
+from rankopt.serve.images import open_upload
 from rankopt.serve.limits import (
     ApiError,
     Limits,
@@ -50,26 +55,44 @@ from rankopt.serve.limits import (
     check_k,
     check_vector,
     decode_base64,
-    decode_upload,
+    parse_json,
 )
 from rankopt.serve.metrics import Metrics
+from rankopt.serve.openapi import describe_routes
 from rankopt.serve.thumbnails import ThumbnailCache
 
 DEFAULT_K = 10
 FORM_FIELDS = frozenset({"image", "k", "filter"})
 STATIC = "static"
+OPENAPI_PATH = "/openapi.json"
+_ABSENT = object()
+"""``k`` not given in the body or form."""
+
+
+@dataclass(frozen=True)
+class Query:
+    """A checked search request: ``kind`` ``"image"`` (``value``: the upload's bytes), ``"vector"`` (a ``(1, D)``
+    tensor) or ``"id"`` (the item's row); ``name`` goes back as the record's ``query``."""
+
+    kind: str
+    value: Any
+    name: str
+    k: int
+    filter: Any
 
 
 @dataclass(frozen=True)
 class Settings:
     """``token``: required as a bearer token when set; ``cors_origins``: origins allowed by CORS (none:
     off); ``max_batch`` / ``max_wait_ms``: micro-batching (:class:`~rankopt.serve.batcher.MicroBatcher`);
-    ``reload_every_s``: how often the index folder's stamp is polled (0: never); ``threads``: intra-op threads
-    of the torch thread (transforms, forwards, searches; default: torch's); ``workers``: threads decoding uploads
-    and thumbnails."""
+    ``reload_every_s``: how often the index folder's identity is polled (0: never); ``hosts``: the ``Host`` names
+    answered (:class:`~rankopt.serve.guard.HostRule`); ``threads``: intra-op threads
+    of the torch thread (transforms, forwards, searches; default: :func:`~rankopt.serve.batcher.default_threads`);
+    ``workers``: threads decoding uploads and thumbnails."""
 
     limits: Limits = Limits()
     token: str | None = None
+    hosts: HostRule = HostRule()
     cors_origins: Sequence[str] = ()
     max_batch: int = 32
     max_wait_ms: float = 2.0
@@ -90,6 +113,8 @@ class Service:
                                     threads=settings.threads, on_batch=metrics.observe_batch,
                                     on_stage=metrics.observe_stage)
         self.thumbnails = ThumbnailCache()
+        self.heavy_lane = asyncio.Lock()
+        """Held while a heavy upload decodes (:class:`~rankopt.serve.images.OpenedUpload`): one at a time."""
         self.pool: ThreadPoolExecutor | None = None
 
     async def run(self, fn: Any, *args: Any) -> Any:
@@ -122,65 +147,92 @@ class Service:
 
     # ------------------------------------------------------------------ search
     async def search(self, request: Request) -> dict[str, Any]:
-        """The record of the request's query, searched in the snapshot served when it arrived."""
+        """The record of the request's query, searched in the snapshot served when it arrived. Every check
+        (body, JSON, ``k``, filter, vector, item id) is done on a worker thread before the query reaches the
+        torch thread; JSON is parsed there too, never on the event loop."""
         snapshot = self.holder.current
-        kind, value, name, k, given_filter = await self._read_query(request)
-        k = check_k(DEFAULT_K if k is None else k, self.limits)
-        filter_ = check_filter(given_filter)
-        if kind == "image":
+        query = await self._read_query(request, snapshot)
+        if query.kind == "image":
             with self.batcher.expecting():
                 start = time.perf_counter()
-                image = await self.run(decode_upload, value, self.limits, snapshot.decode_min_side, repr(name))
+                upload = await self.run(open_upload, query.value, self.limits, snapshot.decode_min_side,
+                                        repr(query.name))
+                async with self.heavy_lane if upload.heavy else contextlib.nullcontext():  # waits holding no thread
+                    image = await self.run(upload.decode)
                 self.metrics.observe_stage("decode", time.perf_counter() - start)
             record = await self.batcher.embed(  # searched on the torch thread right after the forward
-                snapshot, image, then=lambda embedding: self._search(snapshot, embedding.unsqueeze(0), k, filter_))
+                snapshot, image, then=lambda embedding: self._search(snapshot, embedding.unsqueeze(0), query))
         else:
-            if kind == "vector":
-                vector = check_vector(value, snapshot.index.dim)
-            else:
-                name = str(value)
-                vector = snapshot.index.embeddings[self._row(snapshot, name)].unsqueeze(0)
-            record = await self.batcher.call(self._search, snapshot, vector, k, filter_)
-        record["query"] = name
+            record = await self.batcher.call(self._search, snapshot, query.value, query)
+        record["query"] = query.name
         return record
 
-    async def _read_query(self, request: Request) -> tuple[str, Any, str, Any, Any]:
-        """``(kind, value, name, k, filter)`` of a multipart upload or a JSON query (``k`` from the body,
-        else the query string)."""
-        content_type = request.headers.get("content-type", "")
-        k = request.query_params.get("k")
-        if content_type.startswith("multipart/form-data"):
-            form = await request.form(max_files=1, max_fields=len(FORM_FIELDS))
+    async def _read_query(self, request: Request, snapshot: Snapshot) -> Query:
+        """The request's checked query: a multipart upload or a JSON query (``k`` from the body or the query
+        string, not both)."""
+        media_type = request.headers.get("content-type", "").partition(";")[0].strip().lower()
+        k_param = request.query_params.get("k")
+        if media_type == "multipart/form-data":
+            form = await request.form(max_files=1, max_fields=len(FORM_FIELDS),
+                                      max_part_size=self.limits.max_json_bytes)
             try:
                 unknown = sorted(set(form) - FORM_FIELDS)
                 if unknown:
-                    raise ApiError(400, f"unknown form field(s) {', '.join(map(repr, unknown))}; "
+                    raise ApiError(400, f"unknown form field(s) {', '.join(repr(f[:40]) for f in unknown[:5])}; "
                                         f"an upload has {', '.join(sorted(FORM_FIELDS))}")
                 upload = form.get("image")
                 if not isinstance(upload, UploadFile):
                     raise ApiError(400, "the form has no file field 'image'")
-                data = await upload.read()  # within the body limit (_Guard)
-                given_filter = form.get("filter")
-                if isinstance(given_filter, str) and given_filter.lstrip().startswith("{"):
-                    given_filter = _json(given_filter.encode(), "the filter field")
-                return "image", data, upload.filename or "upload", form.get("k", k), given_filter
+                data = await upload.read()  # within the body limit (Guard)
+                fields = {key: form.get(key) for key in ("k", "filter") if key in form}
+                if any(not isinstance(value, str) for value in fields.values()):
+                    raise ApiError(400, "the form fields k and filter are text, not files")
+                return await self.run(self._checked_form, snapshot, data, upload.filename or "upload", fields, k_param)
             finally:
                 await form.close()
-        if content_type.startswith("application/json"):
-            body = _json(await request.body(), "the JSON body")
-            kind, value = check_json_query(body)
-            if kind == "image_base64":
-                return "image", decode_base64(value), "image_base64", body.get("k", k), body.get("filter")
-            return kind, value, kind, body.get("k", k), body.get("filter")
+        if media_type == "application/json":
+            return await self.run(self._checked_json, snapshot, await request.body(), k_param)
+        shown = repr(request.headers.get("content-type", "")[:80]) or "a body without a content type"
         raise ApiError(415, f"POST /search takes multipart/form-data (an image upload) or application/json, "
-                            f"not {content_type or 'a body without a content type'!r}")
+                            f"not {shown}")
+
+    def _checked_form(self, snapshot: Snapshot, data: bytes, name: str, fields: dict[str, str],
+                      k_param: str | None) -> Query:
+        given_filter: Any = fields.get("filter")
+        if isinstance(given_filter, str) and given_filter.lstrip()[:1] in ("{", "["):
+            given_filter = parse_json(given_filter.encode(), self.limits, "the filter field")
+        return Query("image", data, name, self._k(fields.get("k", _ABSENT), k_param),
+                     check_filter(given_filter, snapshot.index, self.limits))
+
+    def _checked_json(self, snapshot: Snapshot, data: bytes, k_param: str | None) -> Query:
+        body = parse_json(data, self.limits, "the JSON body", max_bytes=self.limits.max_upload_bytes)
+        kind, value = check_json_query(body)
+        k = self._k(body["k"] if "k" in body else _ABSENT, k_param)
+        filter_ = check_filter(body.get("filter"), snapshot.index, self.limits)
+        if kind == "image_base64":
+            return Query("image", decode_base64(value), kind, k, filter_)
+        if kind == "vector":
+            return Query(kind, check_vector(value, snapshot.index.dim), kind, k, filter_)
+        return Query(kind, self._row(snapshot, value), value, k, filter_)
+
+    def _k(self, given: Any, k_param: str | None) -> int:
+        """``k`` from the body or form (``given``; :data:`_ABSENT` when not there) or the query string (``k_param``),
+        not both; neither: :data:`DEFAULT_K`."""
+        if given is not _ABSENT and k_param is not None:
+            raise ApiError(400, "k is given twice (in the query string and in the body): give it once")
+        if given is _ABSENT:
+            given = DEFAULT_K if k_param is None else k_param
+        return check_k(given, self.limits)
 
     @staticmethod
-    def _search(snapshot: Snapshot, vector: torch.Tensor, k: int, filter_: Any) -> dict[str, Any]:
-        options = {} if filter_ is None else {"filter": filter_}
+    def _search(snapshot: Snapshot, vector: torch.Tensor | int, query: Query) -> dict[str, Any]:
+        """The record of ``vector`` (``(1, D)``, or an item's row) on the torch thread."""
+        if isinstance(vector, int):
+            vector = snapshot.index.embeddings[vector].unsqueeze(0)
+        options = {} if query.filter is None else {"filter": query.filter}
         try:
-            result = snapshot.index.search(vector, k, **options)
-        except ValueError as err:  # unknown filter keys, ...
+            result = snapshot.index.search(vector, query.k, **options)
+        except ValueError as err:  # checked before; an index reloaded meanwhile may still refuse
             raise ApiError(400, str(err)) from None
         record = result.records()[0]
         if result.note:
@@ -211,64 +263,16 @@ class Service:
         except FileNotFoundError:
             raise ApiError(404, f"the image of item {item_id!r} cannot be read") from None
 
-    def health(self) -> dict[str, Any]:
+    def health(self, authorized: bool) -> dict[str, Any]:
+        """Status, size, fingerprint and last reload; why a reload failed (paths) only to ``authorized`` requests."""
         snapshot = self.holder.current
-        return {"status": "ok", "items": len(snapshot.index), "dim": snapshot.index.dim,
-                "fingerprint": snapshot.index.fingerprint, "search": snapshot.index.backend,
-                "version": snapshot.version, "loaded_utc": snapshot.loaded_utc, "reload_error": self.holder.last_error}
-
-
-def _json(data: bytes, what: str) -> Any:
-    try:
-        return json.loads(data)
-    except (json.JSONDecodeError, UnicodeDecodeError) as err:
-        raise ApiError(400, f"{what} is not valid JSON: {err}") from None
-
-
-class _Guard:
-    """ASGI middleware: refuses request bodies over ``max_body`` bytes (413, by ``Content-Length`` or as
-    they stream) and records every request's route, status and latency in ``metrics``."""
-
-    def __init__(self, app: Any, *, metrics: Metrics, max_body: int) -> None:
-        self.app, self.metrics, self.max_body = app, metrics, max_body
-
-    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        start, status, received = time.perf_counter(), 500, 0
-
-        async def send_status(message: dict[str, Any]) -> None:
-            nonlocal status
-            if message["type"] == "http.response.start":
-                status = message["status"]
-            await send(message)
-
-        async def counted() -> dict[str, Any]:
-            nonlocal received
-            message = await receive()
-            received += len(message.get("body", b""))
-            if received > self.max_body:
-                raise ApiError(413, f"the request body is over the limit of {self.max_body} bytes")
-            return message
-
-        try:
-            length = dict(scope["headers"]).get(b"content-length", b"0").decode("latin-1")
-            if not length.isdigit():
-                await _error_response(ApiError(400, f"bad Content-Length {length!r}"))(scope, receive, send_status)
-            elif int(length) > self.max_body:
-                await _error_response(ApiError(413, f"the request body ({length} bytes) is over the limit of "
-                                                    f"{self.max_body} bytes"))(scope, receive, send_status)
-            else:
-                await self.app(scope, counted, send_status)
-        finally:
-            route = scope.get("route")
-            self.metrics.observe_request(getattr(route, "path", "other"), scope["method"], status,
-                                         time.perf_counter() - start)
-
-
-def _error_response(error: ApiError) -> JSONResponse:
-    return JSONResponse({"error": error.message}, status_code=error.status)
+        out = {"status": "ok", "items": len(snapshot.index), "dim": snapshot.index.dim,
+               "fingerprint": snapshot.index.fingerprint, "search": snapshot.index.backend,
+               "version": snapshot.version, "loaded_utc": snapshot.loaded_utc,
+               "reload_failed": self.holder.last_error is not None}
+        if authorized:
+            out["reload_error"] = self.holder.last_error
+        return out
 
 
 def create_app(holder: IndexHolder, settings: Settings | None = None) -> FastAPI:
@@ -282,22 +286,26 @@ def create_app(holder: IndexHolder, settings: Settings | None = None) -> FastAPI
         async with service.running():
             yield
 
-    app = FastAPI(title="rankopt search", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
+    app = FastAPI(title="rankopt search", version=__version__, lifespan=lifespan, docs_url=None, redoc_url=None,
+                  openapi_url=OPENAPI_PATH)
     app.state.service = service
     expected = None if settings.token is None else settings.token.encode()
 
-    def authorize(request: Request) -> None:
+    def authorized(request: Request) -> bool:
         if expected is None:
-            return
+            return True
         scheme, _, given = request.headers.get("authorization", "").partition(" ")
-        if scheme.lower() != "bearer" or not hmac.compare_digest(given.strip().encode(), expected):
+        return scheme.lower() == "bearer" and hmac.compare_digest(given.strip().encode(), expected)
+
+    def authorize(request: Request) -> None:
+        if not authorized(request):
             raise ApiError(401, "a valid bearer token is required (Authorization: Bearer TOKEN)")
 
     guarded = [Depends(authorize)]
 
     @app.exception_handler(ApiError)
     async def api_error(_: Request, error: ApiError) -> JSONResponse:
-        response = _error_response(error)
+        response = error_response(error)
         if error.status == 401:
             response.headers["WWW-Authenticate"] = "Bearer"
         return response
@@ -307,32 +315,36 @@ def create_app(holder: IndexHolder, settings: Settings | None = None) -> FastAPI
         return JSONResponse({"error": str(error.detail)}, status_code=error.status_code, headers=error.headers)
 
     @app.exception_handler(Exception)
-    async def internal_error(_: Request, error: Exception) -> JSONResponse:  # logged by the server too
-        return JSONResponse({"error": f"internal error ({type(error).__name__}): {error}"}, status_code=500)
+    async def internal_error(_: Request, error: Exception) -> JSONResponse:  # logged by the server, with its traceback
+        return JSONResponse({"error": f"internal error ({type(error).__name__}): {str(error)[:200]}"}, status_code=500)
 
-    @app.get("/", include_in_schema=False)
+    routes = describe_routes(guarded=settings.token is not None, max_k=settings.limits.max_k)
+
+    @app.api_route("/", methods=["GET", "HEAD"], include_in_schema=False)
     async def page() -> FileResponse:
         return FileResponse(_static_file("index.html"))
 
-    @app.get("/health")
-    async def health() -> dict[str, Any]:
-        return service.health()
+    @app.get("/health", **routes["/health"])
+    async def health(request: Request) -> dict[str, Any]:
+        return service.health(authorized(request))
 
-    @app.get("/metrics", dependencies=guarded)
+    app.head("/health", include_in_schema=False)(health)
+
+    @app.get("/metrics", dependencies=guarded, **routes["/metrics"])
     async def prometheus() -> PlainTextResponse:
         return PlainTextResponse(metrics.render(len(holder.current.index)),
                                  media_type="text/plain; version=0.0.4; charset=utf-8")
 
-    @app.get("/items/{item_id}", dependencies=guarded)
+    @app.get("/items/{item_id}", dependencies=guarded, **routes["/items/{item_id}"])
     async def item(item_id: str) -> dict[str, Any]:
         return service.item(item_id)
 
-    @app.get("/thumbnails/{item_id}", dependencies=guarded)
+    @app.get("/thumbnails/{item_id}", dependencies=guarded, **routes["/thumbnails/{item_id}"])
     async def thumbnail(item_id: str) -> Response:
         return Response(await service.thumbnail(item_id), media_type="image/jpeg",
                         headers={"Cache-Control": "private, max-age=300"})
 
-    @app.post("/search", dependencies=guarded)
+    @app.post("/search", dependencies=guarded, **routes["/search"])
     async def search(request: Request) -> dict[str, Any]:
         return await service.search(request)
 
@@ -342,7 +354,8 @@ def create_app(holder: IndexHolder, settings: Settings | None = None) -> FastAPI
 
         app.add_middleware(CORSMiddleware, allow_origins=list(settings.cors_origins), allow_methods=["GET", "POST"],
                            allow_headers=["Authorization", "Content-Type"])
-    app.add_middleware(_Guard, metrics=metrics, max_body=settings.limits.max_upload_bytes)
+    app.add_middleware(Guard, metrics=metrics, max_body=settings.limits.max_upload_bytes, hosts=settings.hosts,
+                       routes=[getattr(route, "path", "") for route in app.routes])
     return app
 
 

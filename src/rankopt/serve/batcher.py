@@ -34,6 +34,21 @@ R = TypeVar("R")
 Then = Callable[[torch.Tensor], Any]
 
 
+def default_threads() -> int:
+    """torch's intra-op threads of the torch thread when none are given (``rankopt serve --threads``): 1.
+
+    Measured by benchmarks/bench_serve.py on 2 cores, three runs (results/serve_load.md: MobileNetV2 at 224 px). On
+    a quiet machine torch's default, one thread per core, answers more: 1 client 67-86 against 63-65 requests/s (p50
+    11-14 against 15-16 ms), 8 clients 113-122 against 68-73. While another process trains with torch's default
+    threads, the service's OpenMP team waits at every operation for a thread the scheduler gave to the training:
+    1 client 0.7-10 against 35-37 requests/s (p99 0.5-2.2 s against 42-45 ms), 8 clients 10-26 against 46-47 (p99
+    0.8-4.8 s against 0.25 s), and the training runs half as fast (5-13 against 19-25 steps/s; 61-65 alone). One
+    thread has no team to wait for. ``OMP_WAIT_POLICY=PASSIVE`` (idle team threads sleep at once) shares nearly as
+    well but halves quiet single queries (38-40 requests/s). A machine of its own may take ``--threads`` up to one
+    per core."""
+    return 1
+
+
 @dataclass
 class _Job:
     snapshot: Snapshot
@@ -59,7 +74,7 @@ class MicroBatcher:
             raise ValueError(f"max_batch must be >= 1 and max_wait_s >= 0, got {max_batch} and {max_wait_s}")
         self.max_batch = max_batch
         self.max_wait_s = max_wait_s
-        self.threads = threads or torch.get_num_threads()
+        self.threads = threads or default_threads()
         self.on_batch = on_batch
         self.on_stage = on_stage
         self._queue: asyncio.Queue[_Job] | None = None

@@ -3,8 +3,9 @@ index folder changes on disk.
 
 A request takes :attr:`IndexHolder.current` (a :class:`Snapshot`) once and uses it to the end, so a
 reload never drops or mixes requests: in-flight ones finish on the old index and model, later ones
-get the new. :meth:`IndexHolder.poll` compares the folder's version (:func:`rankopt.search.storage.version`,
-one more at each change) with the served one's and loads the new index (and, when its fingerprint
+get the new. :meth:`IndexHolder.poll` compares the folder's identity
+(:func:`rankopt.search.storage.identity`: its uid, new when the folder is rebuilt at the same path, and its
+version, one more at each change) with the served one's and loads the new index (and, when its fingerprint
 differs, its model) off to the side, on the torch thread (:mod:`rankopt.serve.torch_thread`: no torch
 operation runs on any other thread); a folder failing to load leaves the served snapshot in place.
 """
@@ -43,6 +44,11 @@ class Snapshot:
         return self.index.info.get("version")
 
     @property
+    def identity(self) -> tuple[str | None, int]:
+        """The index folder's ``(uid, version)`` this snapshot holds (:func:`rankopt.search.storage.identity`)."""
+        return self.index.info.get("uid"), int(self.index.info.get("version") or 0)
+
+    @property
     def decode_min_side(self) -> int | None:
         """The shorter side an upload's reduced JPEG decode must keep (as ``rankopt search`` decodes files)."""
         return getattr(self.embedder.transform, "decode_min_side", None)
@@ -62,11 +68,14 @@ class IndexHolder:
     """The served :class:`Snapshot` of the index folder ``directory``; :meth:`poll` reloads it on change."""
 
     def __init__(self, directory: str | os.PathLike[str], *, checkpoint: str | os.PathLike[str] | None = None,
-                 onnx: str | os.PathLike[str] | None = None, device: str = "auto") -> None:
+                 onnx: str | os.PathLike[str] | None = None, device: str = "auto", threads: int | None = None) -> None:
+        """``threads``: onnxruntime's intra-op threads when queries are embedded by an ``onnx`` export (torch's
+        are the torch thread's, :class:`~rankopt.serve.batcher.MicroBatcher`)."""
         self.directory = Path(directory)
         if checkpoint is not None and onnx is not None:
             raise ValueError("give checkpoint or onnx, not both")
         self._model, self._device = onnx or checkpoint, device
+        self._options = {"threads": threads} if onnx is not None and threads is not None else {}
         self._lock = threading.Lock()
         self.last_error: str | None = None
         """Why the last reload failed (cleared by a successful one)."""
@@ -78,18 +87,18 @@ class IndexHolder:
         if previous is not None and previous.embedder.fingerprint == index.fingerprint:
             embedder, forward = previous.embedder, previous.forward
         else:
-            embedder = index.embedder_for(checkpoint=self._model, device=self._device, progress=False)
+            embedder = index.embedder_for(checkpoint=self._model, device=self._device, progress=False, **self._options)
             forward = embedder.model if embedder.post is None else embedder.post.wrap_model(embedder.model)
         return Snapshot(index, embedder, forward.eval(), {item: row for row, item in enumerate(index.ids)},
                         f"{datetime.now(timezone.utc):%Y-%m-%d %H:%M:%S UTC}")
 
     def poll(self) -> bool | None:
-        """Reload when the folder's version differs from the served one: True (reloaded), False (failed:
+        """Reload when the folder's uid or version differs from the served one's: True (reloaded), False (failed:
         :attr:`last_error` says why and the served snapshot stays), None (no change, or the same failure
         again)."""
         with self._lock:  # one reload at a time
             try:
-                if storage.version(self.directory) == self.current.version:
+                if storage.identity(self.directory) == self.current.identity:
                     self.last_error = None
                     return None
                 loaded = TORCH_THREAD.run(self._load, self.current)

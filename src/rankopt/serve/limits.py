@@ -1,31 +1,33 @@
 """The service's input limits and checks: every bad input becomes an :class:`ApiError` (an HTTP 4xx
 status and a message naming the item at fault), never an exception that reaches the server.
 
-Images are decoded as ``rankopt search`` decodes image files (:func:`rankopt.data.decode.decode_image`,
-EXIF orientation, reduced JPEG decode for the transform's first resize, :func:`rankopt.data.base.to_rgb`),
-after the header's ``width x height`` is checked against :attr:`Limits.max_pixels` (a decompression
-bomb is refused before a pixel is decoded).
+Uploaded images are checked and decoded within these limits by :mod:`rankopt.serve.images`.
 """
 
 from __future__ import annotations
 
 import base64
 import binascii
-import io
+import json
 import math
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
-from PIL import Image, UnidentifiedImageError
 
-from rankopt.data.base import to_rgb
-from rankopt.data.decode import decode_image
+from rankopt.search.metadata import LABEL_KEY, check_columns, conditions
+
+if TYPE_CHECKING:
+    from rankopt.search import Index
 
 QUERY_KINDS = ("image_base64", "vector", "id")
 """A JSON query names exactly one of these."""
 JSON_KEYS = frozenset({*QUERY_KINDS, "k", "filter"})
+DIGITS = re.compile(r"[0-9]+")
+MAX_FILTER_TEXT = 1000
+"""Characters of one filter condition or value."""
 
 
 class ApiError(Exception):
@@ -37,58 +39,49 @@ class ApiError(Exception):
         self.message = message
 
 
+DEFAULT_FORMATS = ("JPEG", "PNG", "WEBP", "GIF", "BMP", "TIFF")
+"""Image formats (Pillow's names) an upload may be in by default; nothing else is even opened."""
+
+
 @dataclass(frozen=True)
 class Limits:
     """``max_upload_bytes``: a request body (an upload, a JSON query); ``max_pixels``: an image's
     ``width x height`` (Pillow's ``MAX_IMAGE_PIXELS`` idea, checked on the header); ``max_k``: results
-    per query (a larger ``k`` is refused; one above the index size is capped to it)."""
+    per query (a larger ``k`` is refused; one above the index size is capped to it); ``formats``: the
+    image formats accepted (Pillow's names); ``max_json_bytes``: a JSON body or form field without an image
+    (a JSON query with ``image_base64`` may take ``max_upload_bytes``); ``max_json_values``: values
+    (numbers, strings, keys) in one; ``max_json_depth``: nesting of arrays and objects in one;
+    ``max_filter_values``: the values a filter names, all conditions together."""
 
     max_upload_bytes: int = 20 * 2**20
     max_pixels: int = 50_000_000
     max_k: int = 1000
+    formats: tuple[str, ...] = DEFAULT_FORMATS
+    max_json_bytes: int = 1 * 2**20
+    max_json_values: int = 100_000
+    max_json_depth: int = 8
+    max_filter_values: int = 1000
 
     def __post_init__(self) -> None:
-        for name in ("max_upload_bytes", "max_pixels", "max_k"):
+        for name in ("max_upload_bytes", "max_pixels", "max_k", "max_json_bytes", "max_json_values",
+                     "max_json_depth", "max_filter_values"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if not self.formats:
+            raise ValueError("formats must name at least one image format")
 
 
 def check_k(value: Any, limits: Limits) -> int:
-    """``value`` (an int, or its decimal text from a query string or form) as ``k`` in ``[1, max_k]``."""
+    """``value`` (a JSON integer, or ASCII digits from a query string or form field) as ``k`` in ``[1, max_k]``."""
     if isinstance(value, str):
-        try:
-            value = int(value.strip())
-        except ValueError:
-            raise ApiError(400, f"k must be an integer, got {value!r}") from None
+        if not DIGITS.fullmatch(value):
+            raise ApiError(400, f"k must be an integer written in digits 0-9, got {value[:40]!r}")
+        value = int(value[:12])  # more digits than this are over any limit anyway
     if isinstance(value, bool) or not isinstance(value, int):
-        raise ApiError(400, f"k must be an integer, got {value!r}")
+        raise ApiError(400, f"k must be an integer, got {_shown(value)}")
     if not 1 <= value <= limits.max_k:
         raise ApiError(400, f"k must be between 1 and {limits.max_k}, got {value}")
     return value
-
-
-def decode_upload(data: bytes, limits: Limits, min_side: int | None = None, name: str = "the upload") -> Image.Image:
-    """``data`` as an RGB image, decoded like an image file of ``rankopt search`` (``min_side``: the
-    transform's ``decode_min_side``). Empty, unreadable, truncated or too many pixels: 4xx (its size in
-    bytes is bounded by the request body's limit)."""
-    if not data:
-        raise ApiError(400, f"{name} is empty")
-    try:
-        with Image.open(io.BytesIO(data)) as probe:  # reads the header only
-            width, height = probe.size
-    except Image.DecompressionBombError as err:  # over twice Pillow's own MAX_IMAGE_PIXELS
-        raise ApiError(413, f"{name} has too many pixels, over the limit of {limits.max_pixels} ({err})") from None
-    except UnidentifiedImageError:
-        raise ApiError(400, f"{name} is not an image Pillow can read") from None
-    except Exception as err:  # noqa: BLE001 - Pillow raises many types for damaged headers
-        raise ApiError(400, f"{name} is not an image Pillow can read ({type(err).__name__}: {err})") from None
-    if width * height > limits.max_pixels:
-        raise ApiError(413, f"{name} is {width} x {height} = {width * height} pixels, over the limit of "
-                            f"{limits.max_pixels} (a decompression bomb?)")
-    try:
-        return to_rgb(decode_image(data, min_side))
-    except Exception as err:  # noqa: BLE001 - truncated or damaged data: OSError, SyntaxError, ValueError, ...
-        raise ApiError(400, f"{name} cannot be decoded ({type(err).__name__}: {err})") from None
 
 
 def decode_base64(text: Any) -> bytes:
@@ -109,34 +102,98 @@ def check_vector(value: Any, dim: int) -> torch.Tensor:
         raise ApiError(400, f"vector has {len(value)} values but the index holds {dim}-d embeddings")
     for i, v in enumerate(value):
         if isinstance(v, bool) or not isinstance(v, (int, float)):
-            raise ApiError(400, f"vector[{i}] is {v!r}, not a number")
-        if not math.isfinite(v):
-            raise ApiError(400, f"vector[{i}] is {v!r}: values must be finite")
-    return torch.tensor([value], dtype=torch.float32)
+            raise ApiError(400, f"vector[{i}] is {_shown(v)}, not a number")
+        if not math.isfinite(v if isinstance(v, float) else _as_float(v)):
+            raise ApiError(400, f"vector[{i}] is {_shown(v)}: values must be finite float32 numbers")
+    vector = torch.tensor([[float(v) for v in value]], dtype=torch.float64)
+    if vector.abs().max() > torch.finfo(torch.float32).max:
+        raise ApiError(400, "vector has a value beyond float32's range: values must be finite float32 numbers")
+    return vector.float()
 
 
-def check_filter(value: Any) -> Mapping[str, Any] | str | list[str] | None:
-    """A query's ``filter`` in a form :meth:`rankopt.search.Index.search` takes (its keys are checked
-    there): a JSON object ``{column: value or [values]}``, a string ``"column=value"`` or a list of them."""
+def check_filter(value: Any, index: Index, limits: Limits) -> Mapping[str, Any] | str | list[str] | None:
+    """A query's ``filter`` checked completely against ``index`` (every condition well formed, at most
+    ``max_filter_values`` values, every column the index's): a JSON object ``{column: value or [values]}``, a
+    string ``"column=value"`` / ``"column in [a, b]"`` or a list of them; None or blank: no filter."""
     if value is None or isinstance(value, str) and not value.strip():
         return None
-    if isinstance(value, str) or isinstance(value, list) and all(isinstance(v, str) for v in value):
-        return value
-    if isinstance(value, Mapping) and all(isinstance(key, str) for key in value):
-        return value
-    raise ApiError(400, f"filter must be a JSON object, a string or a list of strings, got {value!r}")
+    if isinstance(value, str):
+        named = [value]
+    elif isinstance(value, list) and all(isinstance(v, str) for v in value):
+        named = value
+    elif isinstance(value, Mapping):
+        named = [v for values in value.values() for v in (values if isinstance(values, list) else [values])]
+    else:
+        raise ApiError(400, f"filter must be a JSON object, a string or a list of strings, got {_shown(value)}")
+    if len(named) > limits.max_filter_values:
+        raise ApiError(413, f"the filter names {len(named)} values, over the limit of {limits.max_filter_values}")
+    if any(isinstance(v, str) and len(v) > MAX_FILTER_TEXT for v in named):
+        raise ApiError(413, f"a filter condition or value is over {MAX_FILTER_TEXT} characters")
+    try:
+        check_columns(conditions(value), [*index.metadata, LABEL_KEY])
+    except ValueError as err:
+        raise ApiError(400, str(err)) from None
+    return value
 
 
 def check_json_query(body: Any) -> tuple[str, Any]:
     """``(kind, value)`` of a JSON query: an object with exactly one of :data:`QUERY_KINDS` and no
-    keys outside :data:`JSON_KEYS`."""
+    keys outside :data:`JSON_KEYS`; an ``id`` is a string (or an integer, as its text)."""
     if not isinstance(body, Mapping):
         raise ApiError(400, f"the JSON body must be an object, got {type(body).__name__}")
     unknown = sorted(set(body) - JSON_KEYS)
     if unknown:
-        raise ApiError(400, f"unknown key(s) {', '.join(map(repr, unknown))}; a query has {', '.join(sorted(JSON_KEYS))}")
+        shown = ", ".join(repr(key[:40]) for key in unknown[:5]) + (", ..." if len(unknown) > 5 else "")
+        raise ApiError(400, f"unknown key(s) {shown}; a query has {', '.join(sorted(JSON_KEYS))}")
     given = [kind for kind in QUERY_KINDS if kind in body]
     if len(given) != 1:
         raise ApiError(400, f"a query gives exactly one of {', '.join(QUERY_KINDS)}; got "
                             f"{', '.join(given) if given else 'none'}")
-    return given[0], body[given[0]]
+    kind, value = given[0], body[given[0]]
+    if kind == "id":
+        if isinstance(value, bool) or not isinstance(value, (str, int)):
+            raise ApiError(400, f"id must be a string (an item's id), got {_shown(value)}")
+        value = str(value)
+    return kind, value
+
+
+def parse_json(data: bytes, limits: Limits, what: str, *, max_bytes: int | None = None) -> Any:
+    """``data`` parsed as JSON within the limits: at most ``max_bytes`` (default ``max_json_bytes``; 413),
+    ``max_json_values`` values (counted on the bytes before parsing; 413) and ``max_json_depth`` levels of
+    nesting (400); invalid JSON is a 400 naming ``what``."""
+    max_bytes = limits.max_json_bytes if max_bytes is None else max_bytes
+    if len(data) > max_bytes:
+        raise ApiError(413, f"{what} ({len(data)} bytes) is over the limit of {max_bytes} bytes")
+    values = data.count(b",") + data.count(b":") + 1  # an upper bound (separators in strings count too)
+    if values > limits.max_json_values:
+        raise ApiError(413, f"{what} holds about {values} values, over the limit of {limits.max_json_values}")
+    try:
+        value = json.loads(data)
+    except RecursionError:
+        raise ApiError(400, f"{what} is nested deeper than {limits.max_json_depth} levels") from None
+    except (ValueError, UnicodeDecodeError) as err:  # JSONDecodeError, integers of over 4300 digits, bad UTF-8
+        raise ApiError(400, f"{what} is not valid JSON: {str(err)[:200]}") from None
+    if _depth(value, limits.max_json_depth) > limits.max_json_depth:
+        raise ApiError(400, f"{what} is nested deeper than {limits.max_json_depth} levels")
+    return value
+
+
+def _depth(value: Any, limit: int) -> int:
+    """The nesting depth of a parsed JSON value (a scalar: 0), counted up to ``limit + 1``."""
+    if limit < 0 or not isinstance(value, (list, dict)):
+        return 0
+    children = value.values() if isinstance(value, dict) else value
+    return 1 + max((_depth(child, limit - 1) for child in children), default=0)
+
+
+def _as_float(value: int) -> float:
+    try:
+        return float(value)
+    except OverflowError:
+        return math.inf
+
+
+def _shown(value: Any) -> str:
+    """``repr(value)`` cut to 60 characters (an error message never echoes a whole body)."""
+    text = repr(value)
+    return text if len(text) <= 60 else f"{text[:57]}..."

@@ -19,6 +19,10 @@ STAGES = ("decode", "queue", "transform", "forward", "search")
 forward (per batch), search (per query, right after its batch's forward)."""
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128)
 PREFIX = "rankopt_serve"
+METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "DELETE", "PATCH", "OPTIONS"})
+OTHER = "other"
+"""The label of any HTTP method outside :data:`METHODS` and of any path no route matched: every label set is
+closed, so no request can grow the metrics."""
 
 
 def _labels(**labels: str) -> str:
@@ -66,6 +70,10 @@ class Metrics:
         """``"ok"`` / ``"failed"`` -> index reloads."""
 
     def observe_request(self, route: str, method: str, status: int, seconds: float) -> None:
+        """One answered request: ``route`` is a route's path template or :data:`OTHER` (never a request's path);
+        ``method`` outside :data:`METHODS` and ``status`` outside 100-599 are counted as :data:`OTHER`."""
+        method = method if method in METHODS else OTHER
+        status = status if 100 <= status <= 599 else 0
         with self._lock:
             self.requests[(route, method, str(status))] += 1
             self.latency.setdefault(route, Histogram(LATENCY_BUCKETS)).observe(seconds)

@@ -1,33 +1,94 @@
-"""Start the service: :func:`serve` checks where it may bind, loads the index and runs uvicorn."""
+"""Start the service: :func:`serve` checks where it may bind, loads the index and runs uvicorn.
+
+Connections are bounded: a request must arrive whole (headers and body) within ``request_timeout_s`` of the
+connection opening or of the previous answer, else the connection is closed (a client trickling bytes holds
+nothing for long); an idle keep-alive connection closes after 5 s; at most ``max_connections`` are open at
+once (uvicorn answers 503 beyond).
+"""
 
 from __future__ import annotations
 
+import dataclasses
 import os
+from typing import Any
 
 from rankopt.serve.app import Settings, create_app
+from rankopt.serve.batcher import default_threads
+from rankopt.serve.guard import LOCAL_NAMES, HostRule
 from rankopt.serve.holder import IndexHolder
 
-LOCAL_HOSTS = frozenset({"127.0.0.1", "localhost", "::1"})
+KEEP_ALIVE_S = 5
 
 
 def check_host(host: str, token: str | None) -> None:
     """Binding anything but the loopback interface needs a token: a ``ValueError`` otherwise."""
-    if host not in LOCAL_HOSTS and not token:
+    if host not in LOCAL_NAMES and not token:
         raise ValueError(f"binding {host!r} makes the index reachable from other machines: pass --token T "
                          f"(clients then send Authorization: Bearer T), or bind 127.0.0.1")
 
 
+def timed_protocol(request_timeout_s: float) -> type:
+    """uvicorn's HTTP/1.1 protocol (h11) closing a connection whose request is not whole ``request_timeout_s``
+    after the connection opened or its previous answer was sent."""
+    from uvicorn.protocols.http.h11_impl import H11Protocol
+
+    class TimedH11Protocol(H11Protocol):
+        _deadline: Any = None
+
+        def connection_made(self, transport: Any) -> None:  # type: ignore[override]
+            super().connection_made(transport)
+            self._arm()
+
+        def _arm(self) -> None:
+            self._disarm()
+            self._deadline = self.loop.call_later(request_timeout_s, self._too_slow)
+
+        def _disarm(self) -> None:
+            if self._deadline is not None:
+                self._deadline.cancel()
+                self._deadline = None
+
+        def _receiving(self) -> bool:
+            """Still reading a request: none begun since the last answer, or its body unfinished."""
+            return self.cycle is None or self.cycle.response_complete or self.cycle.more_body
+
+        def handle_events(self) -> None:
+            super().handle_events()
+            if not self._receiving():
+                self._disarm()  # the request is whole: the route may take the time it needs
+
+        def on_response_complete(self) -> None:
+            self._arm()  # before the next pipelined request is handled (which may disarm it)
+            super().on_response_complete()
+
+        def connection_lost(self, exc: Exception | None) -> None:
+            self._disarm()
+            super().connection_lost(exc)
+
+        def _too_slow(self) -> None:
+            self._deadline = None
+            if self._receiving() and not self.transport.is_closing():
+                self.transport.close()
+
+    return TimedH11Protocol
+
+
 def serve(index_dir: str | os.PathLike[str], *, host: str = "127.0.0.1", port: int = 8080,
           settings: Settings | None = None, checkpoint: str | None = None, onnx: str | None = None,
-          device: str = "auto", log_level: str = "info") -> None:
+          device: str = "auto", log_level: str = "info", request_timeout_s: float = 30.0,
+          max_connections: int = 512) -> None:
     """Serve the index folder ``index_dir`` on ``host:port`` until interrupted."""
     import uvicorn
 
     settings = settings or Settings()
     check_host(host, settings.token)
-    holder = IndexHolder(index_dir, checkpoint=checkpoint, onnx=onnx, device=device)
+    settings = dataclasses.replace(settings, hosts=HostRule(host, settings.hosts.allowed))  # the Host rule of `host`
+    holder = IndexHolder(index_dir, checkpoint=checkpoint, onnx=onnx, device=device,
+                         threads=settings.threads or default_threads())
     index = holder.current.index
     shown = f"[{host}]" if ":" in host else host
     print(f"serving {index_dir}: {len(index)} items, {index.dim}-d, {index.backend}, fingerprint {index.fingerprint}, "
           f"queries embedded on {holder.current.embedder.device}\nopen http://{shown}:{port}/", flush=True)
-    uvicorn.run(create_app(holder, settings), host=host, port=port, log_level=log_level, access_log=False)
+    uvicorn.run(create_app(holder, settings), host=host, port=port, log_level=log_level, access_log=False,
+                http=timed_protocol(request_timeout_s), timeout_keep_alive=KEEP_ALIVE_S,
+                limit_concurrency=max_connections)

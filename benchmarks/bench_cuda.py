@@ -135,7 +135,7 @@ def evaluation_table(sizes: list[int], dim: int, device: torch.device) -> list[s
 def evaluation_row(n: int, dim: int, device: torch.device) -> str:
     """One row of :func:`evaluation_table`: N random unit vectors, 5 per class."""
     from rankopt.metrics import evaluate
-    from rankopt.metrics.search import chunked_topk
+    from rankopt.metrics.topk import chunked_topk
 
     g = torch.Generator(device="cpu").manual_seed(0)
     x = torch.nn.functional.normalize(torch.randn(n, dim, generator=g), dim=1)

@@ -37,7 +37,7 @@ import torch
 from rankopt.config import config_to_dict, load_config
 from rankopt.engine.assembly import build_model
 from rankopt.engine.checkpoint import save_checkpoint
-from rankopt.engine.run_folder import machine_info
+from rankopt.describe import machine_info
 from rankopt.files import open_npy_atomic
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -50,7 +50,7 @@ import json, resource, sys, threading, time
 import torch
 torch.set_num_threads(int(sys.argv[1]))
 import rankopt.cli, rankopt.cli.embed, rankopt.cli.evaluate_embeddings, rankopt.engine.assembly
-import rankopt.engine.evaluation, rankopt.data.image_folder, rankopt.metrics
+import rankopt.engine.embed_and_score, rankopt.data.image_folder, rankopt.metrics
 
 def status():
     fields = dict(line.split(":", 1) for line in open("/proc/self/status"))

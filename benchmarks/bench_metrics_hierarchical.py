@@ -81,7 +81,7 @@ def worker(kind: str, n: int, threads: int, chunk: int) -> dict:
     import torch
 
     from rankopt.metrics import evaluate, evaluation
-    from rankopt.metrics.search import chunk_scorer
+    from rankopt.metrics.topk import chunk_scorer
     from rankopt.threads import ThreadPool
 
     torch.set_num_threads(threads)

@@ -52,7 +52,7 @@ from torch.utils.data import default_collate
 import rankopt.data.decode as decode
 import rankopt.data.fast_transform as fast_transform
 from rankopt.config import load_config
-from rankopt.data.base import _read_bytes, load_image
+from rankopt.data.image_files import load_image, read_bytes
 from rankopt.data.image_folder import images_dataset
 from rankopt.data.transforms import PRESETS, build_transform
 from rankopt.metrics import evaluate
@@ -226,7 +226,7 @@ def bench_train(backbone: str, size: int, weights: str | None, root: Path, recip
             overrides.append(f"data.num_workers={num_workers}")
         trainer = Trainer(load_config(recipe, overrides))
         for path in trainer.train_ds.paths:  # into the page cache, as a second epoch finds them
-            _read_bytes(path)
+            read_bytes(path)
         fast = trainer.train_ds.transform
         recorded: list[dict[str, Any]] = []
         step = trainer._train_step
@@ -320,12 +320,12 @@ def per_image_costs(files: list[Path], size: int, preset: str) -> dict[str, floa
         side = transform.decode_min_side
         paths = [str(f) for f in files]
         for path in paths[:20]:  # first calls of each decoder (code and tables into the caches) are not timed
-            load_image(path), load_image(path, side), decode.decode_jpeg_pixels(_read_bytes(path), side)
+            load_image(path), load_image(path, side), decode.decode_jpeg_pixels(read_bytes(path), side)
         costs = {}
-        costs["read"] = timed(lambda: [_read_bytes(p) for p in paths])[0]
+        costs["read"] = timed(lambda: [read_bytes(p) for p in paths])[0]
         costs["read + full decode"], full = timed(lambda: [load_image(p) for p in paths])
         costs["read + reduced decode"], reduced = timed(lambda: [load_image(p, side) for p in paths])
-        costs["read + reduced decode to an array"], arrays = timed(lambda: [decode.decode_jpeg_pixels(_read_bytes(p), side) for p in paths])
+        costs["read + reduced decode to an array"], arrays = timed(lambda: [decode.decode_jpeg_pixels(read_bytes(p), side) for p in paths])
         steps = transform.fast.stepwise  # the fused kernel's reference
         for warm in (transform.reference, steps, transform):  # first calls: kornia's set-up, the kernel's compiled code
             warm(reduced[0])
@@ -375,7 +375,7 @@ def main() -> int:
     rng = np.random.default_rng(0)
     sample = [str(files[i]) for i in rng.permutation(len(files))[: args.index_images]]
     for path in sample:  # into the page cache: every pipeline reads warm files
-        _read_bytes(path)
+        read_bytes(path)
     load = [os.getloadavg()[0]]
     index_rows, train_rows, draft_rows, costs = [], [], [], {}
     for backbone in args.backbones:

@@ -5,7 +5,7 @@
     code (decoding, transforms, batching, fingerprint, indexing) adds over the model. The omniglot
     recipe's model (convnet_small, 32 px) and a bigger one (resnet18, ``test`` preset at 64 px).
 (b) 1,000 queries against 100,000 clustered 128-d vectors (cosine): exact chunked search
-    (``rankopt.metrics.search.chunked_topk``) vs faiss ``IndexFlatIP`` (``"Flat"``), and approximate faiss indexes
+    (``rankopt.metrics.topk.chunked_topk``) vs faiss ``IndexFlatIP`` (``"Flat"``), and approximate faiss indexes
     (IVF, HNSW): build time, search time and recall@10 against exact search on the same queries.
 
     python benchmarks/bench_search.py --threads 2                      # full run (< 10 min on 2 cores)
@@ -32,7 +32,7 @@ from PIL import Image
 
 from rankopt.config import load_config
 from rankopt.engine.assembly import build_model, inference_preprocessing
-from rankopt.engine.run_folder import machine_info
+from rankopt.describe import machine_info
 from rankopt.search import Index
 
 RESULTS = Path(__file__).resolve().parent / "results"

@@ -52,7 +52,7 @@ import httpx
 import numpy as np
 import torch
 
-from rankopt.data.base import load_image
+from rankopt.data.image_files import load_image
 from rankopt.engine.convert import convert_released_weights, write_converted
 from rankopt.runtime import keep_allocations
 from rankopt.serve.batcher import default_threads

@@ -41,8 +41,8 @@ from rankopt.config import EvalConfig
 from rankopt.data import build_dataset
 from rankopt.data.splits import held_out_classes
 from rankopt.engine.assembly import build_transforms, model_from_checkpoint
-from rankopt.engine.evaluation import EmbeddedSplit, embed_dataset, score
-from rankopt.engine.run_folder import machine_info
+from rankopt.engine.embed_and_score import EmbeddedSplit, embed_dataset, score
+from rankopt.describe import machine_info
 from rankopt.files import write_text_atomic
 from rankopt.models.multiscale import DEFAULT_SCALES
 from rankopt.postprocess import Expansion, PostProcessing, fit_pca_whitening, fit_supervised_whitening

@@ -86,12 +86,14 @@ class LossTermConfig:
 
 @dataclass
 class LossConfig:
-    """``rankopt.losses.build(name, **kwargs)``; ``num_classes``/``embedding_dim`` are filled in when the loss takes
-    them.
+    """``rankopt.losses.build(name, **kwargs)``; ``num_classes``/``embedding_dim`` are filled in when the loss declares
+    them (``rankopt.losses.data_arguments``).
 
     A sum (``rankopt.losses.sums``): ``name=arcface+smooth_ap`` with ``kwargs`` keyed by term name, or ``terms``
-    (name, weight, kwargs each) with ``name`` their names joined by ``+``. ``init``: ``random`` (the papers') or
-    ``class_means`` (class weights from the class means of the training embeddings before training).
+    (name, weight, kwargs each) with ``name`` their names joined by ``+``. A ROD combination
+    (``rankopt.losses.combination``) the same: ``kwargs: {lam: 0.5, sup_ap: {tau: 0.01}, calibration: {alpha: 0.9}}``.
+    ``init``: ``random`` (the papers') or ``class_means`` (class weights from the class means of the training
+    embeddings before training).
     """
 
     name: str = "roadmap"

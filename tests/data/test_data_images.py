@@ -7,7 +7,7 @@ import pytest
 import torch
 from PIL import Image
 
-from rankopt.data.base import load_image, pil_to_tensor
+from rankopt.data.image_files import load_image, pil_to_tensor
 from rankopt.data.transforms import IMAGENET_MEAN, IMAGENET_STD, PRESETS, build_transform
 
 

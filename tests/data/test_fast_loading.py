@@ -21,9 +21,10 @@ import pytest
 import torch
 from PIL import Image, ImageDraw
 
-from rankopt.data.base import BadImageError, RetrievalDataset, load_image, pil_to_tensor
+from rankopt.data.base import BadImageError, RetrievalDataset
 from rankopt.data.decode import DRAFT_GAP
 from rankopt.data.fast_transform import RandomResizedCropStep, antialiased_resize, short_side_size
+from rankopt.data.image_files import load_image, pil_to_tensor
 from rankopt.data.transforms import PRESETS, build_transform
 
 

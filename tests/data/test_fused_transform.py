@@ -18,8 +18,8 @@ import torch
 from PIL import Image
 from test_fast_loading import photo
 
-from rankopt.data.base import load_image
 from rankopt.data.fast_transform import CenterCropStep, FastPath, NormalizeStep, RandomResizedCropStep, ResizeStep, fuse
+from rankopt.data.image_files import load_image
 from rankopt.data.transforms import PRESETS, build_transform
 
 FUSED_PRESETS = sorted(p for p, spec in PRESETS.items() if not spec.area)

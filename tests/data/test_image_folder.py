@@ -26,7 +26,7 @@ from rankopt.data.image_folder import (
     images_dataset,
     read_class_list,
 )
-from rankopt.engine.run_folder import write_class_split
+from rankopt.engine.run_writer import write_class_split
 
 
 def make_tree(root: Path, classes: dict[str, int], suffix: str = ".png") -> Path:

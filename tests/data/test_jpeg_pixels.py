@@ -16,8 +16,9 @@ import pytest
 import torch
 from PIL import Image, ImageFile
 
-from rankopt.data.base import BadImageError, RetrievalDataset, load_image, to_rgb
+from rankopt.data.base import BadImageError, RetrievalDataset
 from rankopt.data.decode import DRAFT_GAP, decode_image, decode_jpeg_pixels, draft_scale, exif_orientation
+from rankopt.data.image_files import load_image, to_rgb
 from rankopt.data.transforms import build_transform
 
 from test_fast_loading import photo

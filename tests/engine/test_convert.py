@@ -127,7 +127,7 @@ def test_train_from_a_converted_model_adopts_its_architecture_and_weights(releas
                  "train.max_steps_per_epoch=2", "--output", str(run)]) == 0
     report = json.loads((run / "report.json").read_text())
     from rankopt.engine.assembly import build_datasets
-    from rankopt.engine.evaluation import evaluate_model
+    from rankopt.engine.embed_and_score import evaluate_model
 
     _, splits = build_datasets(adopted, train=False)
     converted_eval, _ = evaluate_model(reference, splits, adopted.eval, metrics=["map@r"], show_progress=False)

@@ -1,4 +1,4 @@
-"""Embedding datasets and scoring them (rankopt.engine.evaluation), against brute force."""
+"""Embedding datasets and scoring them (rankopt.engine.embed_and_score), against brute force."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import torch
 from torch.utils.data import Dataset
 
 from rankopt.config import EvalConfig
-from rankopt.engine.evaluation import embed_dataset, evaluate_model
+from rankopt.engine.embed_and_score import embed_dataset, evaluate_model
 
 
 class Points(Dataset):
@@ -75,7 +75,7 @@ def test_evaluate_model_self_and_query_gallery(two_splits):
 
 
 def test_landmark_ground_truth_uses_the_revisitop_protocol():
-    from rankopt.engine.evaluation import EmbeddedSplit, score
+    from rankopt.engine.embed_and_score import EmbeddedSplit, score
 
     q = torch.tensor([[1.0, 0.0], [0.0, 1.0]])
     g = torch.tensor([[1.0, 0.0], [0.0, 1.0], [0.9, 0.1], [-1.0, 0.0]])
@@ -91,7 +91,7 @@ def test_landmark_ground_truth_uses_the_revisitop_protocol():
 
 # ----------------------------------------------------------------------------- OML's sequence and category
 def _split(x, labels, paths, **metadata):
-    from rankopt.engine.evaluation import EmbeddedSplit
+    from rankopt.engine.embed_and_score import EmbeddedSplit
 
     return EmbeddedSplit(torch.as_tensor(x, dtype=torch.float32), torch.as_tensor(labels).reshape(-1, 1), paths,
                          {k: np.asarray(v, dtype=str) for k, v in metadata.items()})
@@ -100,7 +100,7 @@ def _split(x, labels, paths, **metadata):
 def test_score_excludes_sequences_and_reports_categories():
     """``metadata["sequence"]`` -> exclusion groups numbered jointly over query and gallery (``""``: none);
     ``metadata["category"]`` on the queries -> ``by_category``; as ``evaluate`` with those arguments."""
-    from rankopt.engine.evaluation import score
+    from rankopt.engine.embed_and_score import score
     from rankopt.metrics import evaluate
 
     gen = torch.Generator().manual_seed(0)
@@ -124,7 +124,7 @@ def test_score_excludes_sequences_and_reports_categories():
 
 
 def test_score_self_retrieval_with_sequences():
-    from rankopt.engine.evaluation import score
+    from rankopt.engine.embed_and_score import score
     from rankopt.metrics import evaluate
 
     x = torch.randn(12, 4, generator=torch.Generator().manual_seed(1))
@@ -137,7 +137,7 @@ def test_score_self_retrieval_with_sequences():
 
 
 def test_media_averaging_refuses_per_item_sequences():
-    from rankopt.engine.evaluation import score
+    from rankopt.engine.embed_and_score import score
 
     split = _split(torch.randn(4, 3), [0, 0, 1, 1], list("abcd"), sequence=["s", "s", "", ""])
     split.metadata["media"] = np.array([0, 0, 1, 1])

@@ -1,4 +1,4 @@
-"""The face protocol in rankopt.engine.evaluation.score: media-averaged self-retrieval and the IJB-C
+"""The face protocol in rankopt.engine.embed_and_score.score: media-averaged self-retrieval and the IJB-C
 1:1 verification TARs, on a SYNTHETIC split (media, templates, template pairs built here)."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from rankopt.config import EvalConfig
-from rankopt.engine.evaluation import EmbeddedSplit, score
+from rankopt.engine.embed_and_score import EmbeddedSplit, score
 from rankopt.metrics import evaluate, verification_metrics
 
 METRICS = ["recall@1", "map@r", "map"]

@@ -10,7 +10,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from rankopt.engine.logging import METRICS_CSV, METRICS_JSON, RunLogger, bars_shown, format_table, progress
+from rankopt.console import bars_shown, format_table, progress
+from rankopt.engine.logging import METRICS_CSV, METRICS_JSON, RunLogger
 
 
 def test_history_written_as_csv_and_json(tmp_path: Path):

@@ -103,7 +103,7 @@ def test_faiss_gpu_k_limit_is_refused(monkeypatch):
 
     fake = types.SimpleNamespace(IndexFlatIP=faiss.IndexFlatIP, IndexFlatL2=faiss.IndexFlatL2, index_cpu_to_all_gpus=lambda index: index)
     monkeypatch.setitem(sys.modules, "faiss", fake)
-    from rankopt.metrics.search import faiss_topk
+    from rankopt.metrics.topk import faiss_topk
 
     x = torch.randn(3000, 4)
     with pytest.raises(ValueError, match="k <= 2048"):

@@ -13,11 +13,11 @@ import torch
 from engine.test_evaluation import Points  # the synthetic dataset of the embedding tests
 
 from rankopt.cli import main
-from rankopt.engine.evaluation import embed_dataset
+from rankopt.engine.embed_and_score import embed_dataset
 from rankopt.files import open_npy_atomic, read_npy
 from rankopt.metrics import evaluate
 from rankopt.metrics.evaluation import MAX_COUNTED_POSITIVES
-from rankopt.metrics.search import ref_block_scores, score_chunks
+from rankopt.metrics.topk import ref_block_scores, score_chunks
 from rankopt.similarity import pairwise
 
 

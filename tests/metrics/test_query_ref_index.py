@@ -20,7 +20,7 @@ import torch
 import rankopt.metrics.evaluation as ev
 from rankopt.cli import main
 from rankopt.config import EvalConfig
-from rankopt.engine.evaluation import EmbeddedSplit, score
+from rankopt.engine.embed_and_score import EmbeddedSplit, score
 from rankopt.metrics import ALL_METRICS, evaluate
 
 from . import reference
@@ -197,7 +197,7 @@ def _dyml_like_splits(root: str = "/data/dyml_vehicle/bmk_fine"):
 
 
 def test_engine_excludes_the_copies_of_dyml_queries():
-    from rankopt.engine.evaluation import query_ref_index
+    from rankopt.engine.embed_and_score import query_ref_index
 
     query, gallery, expected = _dyml_like_splits()
     assert query_ref_index(query.paths, gallery.paths).tolist() == expected.tolist()
@@ -214,7 +214,7 @@ def test_engine_excludes_the_copies_of_dyml_queries():
 
 def test_engine_matches_paths_as_the_dyml_loader_gives_them(tmp_path):
     from rankopt.data.dyml import load_dyml
-    from rankopt.engine.evaluation import query_ref_index
+    from rankopt.engine.embed_and_score import query_ref_index
 
     bench = tmp_path / "bmk_fine"
     bench.mkdir()
@@ -226,7 +226,7 @@ def test_engine_matches_paths_as_the_dyml_loader_gives_them(tmp_path):
 
 
 def test_engine_refuses_ambiguous_copies():
-    from rankopt.engine.evaluation import query_ref_index
+    from rankopt.engine.embed_and_score import query_ref_index
 
     assert query_ref_index(["/q/a.jpg"], ["/g/a.jpg", "/g/b.jpg"]).tolist() == [0]
     assert query_ref_index(["/g/x/a.jpg"], ["/g/x/a.jpg", "/g/y/a.jpg"]).tolist() == [0]  # the exact path wins
@@ -256,7 +256,7 @@ def test_cli_query_ref_index(tmp_path, capsys):
 
 
 def test_chunked_topk_matches_the_full_sort_in_any_chunking():
-    from rankopt.metrics.search import chunked_topk
+    from rankopt.metrics.topk import chunked_topk
     from rankopt.similarity import pairwise
 
     gen = torch.Generator().manual_seed(3)

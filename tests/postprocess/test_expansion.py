@@ -1,4 +1,4 @@
-"""αQE and DBA (rankopt.postprocess.expansion, PostProcessing, engine.evaluation.score): against a
+"""αQE and DBA (rankopt.postprocess.expansion, PostProcessing, engine.embed_and_score.score): against a
 float64 brute force written from the formula, the identity at k = 0, exclusion of a query's own
 item, and mAP gains on SYNTHETIC tight clusters with noisy queries."""
 
@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from rankopt.config import EvalConfig
-from rankopt.engine.evaluation import EmbeddedSplit, score
+from rankopt.engine.embed_and_score import EmbeddedSplit, score
 from rankopt.postprocess import (
     Expansion,
     PostProcessing,
@@ -120,7 +120,7 @@ def test_dba_raises_map_of_noisy_queries():
 
 
 def test_dba_and_qe_raise_map_in_self_retrieval():
-    """SYNTHETIC: 30 classes of 10 items (std 0.2 around unit centres); scored by engine.evaluation.score."""
+    """SYNTHETIC: 30 classes of 10 items (std 0.2 around unit centres); scored by engine.embed_and_score.score."""
     x, labels, _ = clustered(30, 10, 32, spread=0.2, seed=2)
     split = [EmbeddedSplit(x, labels.unsqueeze(1), [f"i{j}" for j in range(len(x))])]
     cfg = EvalConfig(metrics=["map"])

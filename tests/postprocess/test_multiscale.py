@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from rankopt.engine.evaluation import embed_dataset
+from rankopt.engine.embed_and_score import embed_dataset
 from rankopt.models import RetrievalNet, create_model
 from rankopt.models.multiscale import DEFAULT_SCALES, MultiScaleNet, check_scales
 from rankopt.models.pooling import GeM

@@ -267,7 +267,7 @@ def test_cli_report_and_check(make_run, capsys):
 def test_retrieval_colours_say_same_coarser_unrelated():
     from matplotlib.colors import to_hex
 
-    from rankopt.viz._common import level_colour, level_name
+    from rankopt.viz.pictures import level_colour, level_name
 
     assert to_hex(level_colour(3, 3)) == "#2ca02c" and to_hex(level_colour(0, 3)) == "#d62728"
     oranges = [to_hex(level_colour(lv, 3)) for lv in (1, 2)]
@@ -280,3 +280,11 @@ def test_retrieval_colours_say_same_coarser_unrelated():
 def test_screenshot_is_not_blank(full_run, render_page):
     shot = render_page(full_run / "report.html")
     assert png_problem(shot) is None
+
+
+def test_the_surrogate_figure_reads_a_combinations_rank_term():
+    from rankopt.report.loss_surrogates import surrogates_for
+
+    for kwargs in ({"sup_ap": {"tau": 0.05}}, {"tau": 0.05}):  # per-term map, or flat (routed to the rank term)
+        assert "τ=0.05" in surrogates_for("roadmap", kwargs).surrogates[0].label
+    assert "τ=0.01" in surrogates_for("roadmap", {}).surrogates[0].label  # SupAP's default

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from rankopt.cli import main
-from rankopt.metrics.search import chunked_topk
+from rankopt.metrics.topk import chunked_topk
 from rankopt.postprocess import (
     Expansion,
     PostProcessing,

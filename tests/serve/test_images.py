@@ -17,8 +17,8 @@ import numpy as np
 import pytest
 from PIL import EpsImagePlugin, IcoImagePlugin, Image, ImageFile, TiffImagePlugin, WebPImagePlugin
 
-from rankopt.data.base import to_rgb
 from rankopt.data.decode import decode_image
+from rankopt.data.image_files import to_rgb
 from rankopt.serve import images
 from rankopt.serve.images import CHECKABLE_FORMATS, check_formats, decode_upload
 from rankopt.serve.limits import DEFAULT_FORMATS, ApiError, Limits

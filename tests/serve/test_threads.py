@@ -52,7 +52,7 @@ def test_the_service_runs_torch_on_its_threads(make_client: Callable, threads: i
 
 def test_embed_embeds_on_the_threads_asked_for(served: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                                torch_threads: None) -> None:
-    from rankopt.engine import evaluation
+    from rankopt.engine import embed_and_score as evaluation
 
     seen, embed_dataset = [], evaluation.embed_dataset
 

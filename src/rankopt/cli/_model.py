@@ -1,10 +1,14 @@
 """The model a sub-command embeds with: a rankopt checkpoint (the positional argument) or an ONNX export
-(``--onnx MODEL.onnx``, ``rankopt export``) run by onnxruntime; one of them, never both."""
+(``--onnx MODEL.onnx``, ``rankopt export``) run by onnxruntime; one of them, never both. ``evaluate``, ``embed``
+and ``whiten`` load a checkpoint with its data through :func:`load_from_args`."""
 
 from __future__ import annotations
 
 import argparse
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from rankopt.engine.inference import Inference
 
 
 def add_model_arguments(parser: argparse.ArgumentParser) -> None:
@@ -86,3 +90,27 @@ def index_embedder(index: Any, args: argparse.Namespace) -> Any:
     if index is None:
         return Embedder.from_checkpoint(source, **options)
     return index.embedder_for(checkpoint=source, **options)
+
+
+def add_model_data_arguments(parser: argparse.ArgumentParser) -> None:
+    """Arguments shared by ``evaluate``, ``embed`` and ``whiten``: checkpoint, dataset, transform, device, threads."""
+    parser.add_argument("checkpoint", help="a rankopt checkpoint (e.g. RUN/checkpoints/best.ckpt)")
+    parser.add_argument("--dataset", metavar="NAME", help="dataset name (default: the checkpoint's training dataset)")
+    parser.add_argument("--root", metavar="PATH", help="dataset folder (default: the checkpoint's data.root)")
+    parser.add_argument("--transform", metavar="PRESET", help="test transform preset (default: the checkpoint's)")
+    parser.add_argument("--image-size", metavar="S|HxW", help="test image size (default: the checkpoint's)")
+    parser.add_argument("--batch-size", type=int, default=None, metavar="B", help="embedding batch size")
+    parser.add_argument("--num-workers", type=int, default=0, metavar="W", help="DataLoader workers")
+    parser.add_argument("--device", default="auto", help="cpu, cuda, cuda:1, ... (default: auto)")
+    parser.add_argument("--no-progress", action="store_true", help="hide progress bars")
+    add_threads_argument(parser)
+
+
+def load_from_args(args: argparse.Namespace, splits: list[str] | None) -> Inference:
+    """:func:`rankopt.engine.inference.load_for_inference` of ``add_model_data_arguments``' values (checkpoint,
+    dataset, root, transform, image size, batch size, device), after applying ``--threads``."""
+    from rankopt.engine.inference import load_for_inference
+
+    apply_threads(args)
+    return load_for_inference(args.checkpoint, splits, device=args.device, dataset=args.dataset, root=args.root,
+                              transform=args.transform, image_size=args.image_size, batch_size=args.batch_size)

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from rankopt.cli._postprocess import add_postprocess_arguments
-from rankopt.cli.evaluate import add_model_data_arguments
+from rankopt.cli._model import add_model_data_arguments
 
 
 def register(subparsers: Any) -> None:
@@ -44,9 +44,9 @@ def run(args: argparse.Namespace) -> int:
     import numpy as np
 
     from rankopt.cli._postprocess import postprocessing_from_args
-    from rankopt.cli.evaluate import load_for_inference
+    from rankopt.cli._model import load_from_args
     from rankopt.engine.assembly import inference_preprocessing
-    from rankopt.engine.evaluation import embed_dataset
+    from rankopt.engine.embed_and_score import embed_dataset
     from rankopt.files import open_npy_atomic, write_text_atomic
     from rankopt.models.fingerprint import model_fingerprint
 
@@ -56,11 +56,11 @@ def run(args: argparse.Namespace) -> int:
         from rankopt.data.image_folder import folder_dataset
         from rankopt.data.transforms import build_transform
 
-        model, cfg, _, device, _ = load_for_inference(args, [])
+        model, cfg, _, device, _ = load_from_args(args, [])
         transform = build_transform(cfg.data.test_transform, cfg.data.image_size)
         dataset, batch_transform = folder_dataset(args.images, transform), None
     else:
-        model, cfg, datasets, device, batch_transform = load_for_inference(args, [args.split] if args.split else None)
+        model, cfg, datasets, device, batch_transform = load_from_args(args, [args.split] if args.split else None)
         dataset = next(iter(datasets.values()))
     preprocessing = inference_preprocessing(cfg)
     post = postprocessing_from_args(args, model_fingerprint(model, preprocessing))

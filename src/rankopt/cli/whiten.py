@@ -12,7 +12,7 @@ import argparse
 from typing import Any
 
 from rankopt.cli._postprocess import add_multiscale_argument
-from rankopt.cli.evaluate import add_model_data_arguments
+from rankopt.cli._model import add_model_data_arguments
 
 
 def register(subparsers: Any) -> None:
@@ -41,11 +41,11 @@ def register(subparsers: Any) -> None:
 
 def _training_split(args: argparse.Namespace) -> tuple[Any, Any, Any, Any, Any, str]:
     """(model, config, dataset, device, batch transform, description) of the split to fit on."""
-    from rankopt.cli.evaluate import load_for_inference
+    from rankopt.cli._model import load_from_args
     from rankopt.engine.assembly import build_datasets, build_transforms
 
     if args.split is not None:
-        model, cfg, datasets, device, batch_transform = load_for_inference(args, [args.split])
+        model, cfg, datasets, device, batch_transform = load_from_args(args, [args.split])
         if cfg.data.validation_fraction > 0 and args.dataset is None:
             raise ValueError("the checkpoint carved a validation split from its training data: leave --split out "
                              "to fit on its training part, or name --dataset/--root")
@@ -53,7 +53,7 @@ def _training_split(args: argparse.Namespace) -> tuple[Any, Any, Any, Any, Any, 
         return model, cfg, next(iter(datasets.values())), device, batch_transform, f"{name}/{args.split}"
     if args.dataset is not None:
         raise ValueError("with --dataset, name the split to fit on with --split (e.g. --split train)")
-    model, cfg, _, device, batch_transform = load_for_inference(args, [])
+    model, cfg, _, device, batch_transform = load_from_args(args, [])
     train, _ = build_datasets(cfg, train=True)
     if not cfg.data.batch_transform:
         train.transform = build_transforms(cfg)[1]  # the test transform: no augmentation
@@ -66,7 +66,7 @@ def run(args: argparse.Namespace) -> int:
 
     from rankopt.cli._postprocess import scales_from_args
     from rankopt.engine.assembly import inference_preprocessing
-    from rankopt.engine.evaluation import embed_dataset
+    from rankopt.engine.embed_and_score import embed_dataset
     from rankopt.models.fingerprint import model_fingerprint
     from rankopt.models.multiscale import multiscale
     from rankopt.postprocess import (

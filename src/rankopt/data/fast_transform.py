@@ -1,7 +1,7 @@
 """The per-image path of :class:`~rankopt.data.transforms.ImageTransform`: its kornia ops as plain torch.
 
-A kornia augmentation module costs 0.5-5 ms per call whatever the image size (parameter generation,
-checks, transformation matrices), several times the decode of a 300 x 200 JPEG, so a dataset
+A kornia augmentation module has a fixed cost per call whatever the image size (parameter generation,
+checks, transformation matrices; timings in ``benchmarks/results/loader.md``), so a dataset
 transforming image by image spent most of its time there. :func:`compile_fast_path` reads the ops of
 a transform and returns the same computation on one ``(1, 3, H, W)`` image without that cost:
 
@@ -22,15 +22,15 @@ a transform and returns the same computation on one ``(1, 3, H, W)`` image witho
 Any other op (e.g. ``RandomAffine``) makes :func:`compile_fast_path` return None: the kornia
 pipeline runs. Steps in the order ``[Resize] [CenterCrop | RandomResizedCrop] [Flip] [Normalize]`` (every
 preset but the area-resized ones) also get a :class:`FusedPath`: one compiled pass from the uint8 pixels
-to the model input computing only the output window (:mod:`rankopt.data._resample_kernels`), 5-7 times
-cheaper than the steps, which stay its reference (:meth:`FastPath.stepwise`, tests: 1e-5).
+to the model input computing only the output window (:mod:`rankopt.data._resample_kernels`), cheaper
+than the steps, which stay its reference (:meth:`FastPath.stepwise`, tests: 1e-5).
 :func:`decode_min_side` gives the shorter side a decoded image must keep for the first resize (the
 JPEG draft decode of :func:`rankopt.data.decode.decode_image`).
 
 The stepwise ops and :func:`collate` (the DataLoaders' batching) run on one intra-op thread
 (:func:`one_thread`; the fused path runs no torch op but the draws and leaves the thread count alone):
 in the main process (``num_workers=0``) torch has several, and on ops this small each waits for all of
-them (measured on 2 busy cores: a batch stacked in 91 ms on average with 2 threads, 2.6 ms with one).
+them (``benchmarks/results/loader.md``).
 """
 
 from __future__ import annotations
@@ -49,10 +49,21 @@ from kornia.constants import Resample
 from PIL import Image
 from torch.utils.data import default_collate
 
-from rankopt.data.base import to_rgb
+from rankopt.data.image_files import to_rgb
 
 Step = Callable[[torch.Tensor], torch.Tensor]  # (1, 3, H, W) -> (1, 3, h, w)
 _CANDIDATES = 10  # crop candidates drawn by RandomResizedCrop
+
+
+class AreaResize(torch.nn.Module):
+    """Resize ``(B, C, H, W)`` to ``size`` by area averaging (``F.interpolate(mode="area")``)."""
+
+    def __init__(self, size: tuple[int, int]) -> None:
+        super().__init__()
+        self.size = size
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.nn.functional.interpolate(x, self.size, mode="area")
 
 
 def short_side_size(height: int, width: int, size: int) -> tuple[int, int]:
@@ -214,8 +225,6 @@ def _bilinear(op: torch.nn.Module) -> bool:
 
 def _step(op: torch.nn.Module) -> Step | None:
     """The fast equivalent of one op, or None when there is none."""
-    from rankopt.data.transforms import AreaResize
-
     flags = getattr(op, "flags", {})
     if isinstance(op, AreaResize):
         return op
@@ -241,7 +250,7 @@ def _step(op: torch.nn.Module) -> Step | None:
 
 def _channels_last_tensor(image: Image.Image) -> torch.Tensor:
     """RGB PIL image -> ``(1, 3, H, W)`` float in [0, 1] with channels-last strides: the values of
-    :func:`~rankopt.data.base.pil_to_tensor` without its transposing copy (bilinear interpolation is
+    :func:`~rankopt.data.image_files.pil_to_tensor` without its transposing copy (bilinear interpolation is
     2-3 times faster on channels-last images)."""
     pixels = np.asarray(image, dtype=np.float32)  # a new array: scaled in place
     pixels *= np.float32(1 / 255)
@@ -287,7 +296,7 @@ class FusedPath:
     def __call__(self, image: Image.Image | np.ndarray) -> torch.Tensor | None:
         """RGB image, or its ``(H, W, 3)`` uint8 pixels, -> ``(3, h, w)``; None when a center crop exceeds the
         resized image (the steps' fallback)."""
-        from rankopt.data import _resample_kernels as kernels  # noqa: PLC0415 - numba, compiled on first use
+        from rankopt.data import _resample_kernels as kernels  # noqa: PLC0415 - numba: 0.7 s import
 
         height, width = image.shape[:2] if isinstance(image, np.ndarray) else (image.height, image.width)
         resized, align, blur = (height, width), True, ((1, 0.0), (1, 0.0))
@@ -369,8 +378,6 @@ def compile_fast_path(ops: Sequence[torch.nn.Module]) -> FastPath | None:
 def decode_min_side(ops: Sequence[torch.nn.Module]) -> int | None:
     """The shorter side a decoded image needs for the first op (a resize): its shorter-side target, or the
     larger side of a fixed ``(h, w)``; None when the first op is no resize."""
-    from rankopt.data.transforms import AreaResize
-
     first = ops[0] if len(ops) else None
     if isinstance(first, AreaResize):
         return max(first.size)

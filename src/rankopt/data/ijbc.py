@@ -5,7 +5,7 @@ One split, ``test``. An item is one face in one still image or video frame, its 
 
 - ``media``: ``(N,)`` int64, the media (instance) of each item: items of one subject in one media
   share an id (a video's frames; a still is its own media). Smooth-AP §5.1 treats "each video as a
-  single instance by averaging the CNN-produced vectors for each frame" (``rankopt.engine.evaluation``).
+  single instance by averaging the CNN-produced vectors for each frame" (``rankopt.engine.embed_and_score``).
 - ``templates``: ``(M, 2)`` int64 rows ``(template_id, item_index)``, ``item_index`` a position in the
   returned dataset (an item may be in several templates).
 - ``template_pairs``: ``(P, 3)`` int64 rows ``(template1, template2, label)``, label 1 for the same

@@ -42,8 +42,8 @@ import torch
 from PIL import Image
 
 from rankopt.checks import ImageSize, parse_image_size
-from rankopt.data.base import pil_to_tensor, to_rgb
-from rankopt.data.fast_transform import compile_fast_path, decode_min_side
+from rankopt.data.fast_transform import AreaResize, compile_fast_path, decode_min_side
+from rankopt.data.image_files import pil_to_tensor, to_rgb
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
@@ -86,17 +86,6 @@ PRESETS: dict[str, Preset] = {
     "tf_lite_train": Preset(256, 224, True, mean=(127 / 255,) * 3, std=(128 / 255,) * 3),
     "tf_lite_test": Preset(256, 224, False, mean=(127 / 255,) * 3, std=(128 / 255,) * 3),
 }
-
-class AreaResize(torch.nn.Module):
-    """Resize ``(B, C, H, W)`` to ``size`` by area averaging (``F.interpolate(mode="area")``)."""
-
-    def __init__(self, size: tuple[int, int]) -> None:
-        super().__init__()
-        self.size = size
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return torch.nn.functional.interpolate(x, self.size, mode="area")
-
 
 class ImageTransform:
     """PIL image (any mode), ``(H, W, 3)`` uint8 RGB array or (3, H, W) tensor in [0, 1] -> normalised FloatTensor

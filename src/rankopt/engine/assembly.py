@@ -18,7 +18,11 @@ from torch import nn
 from torch.utils.data import Dataset
 
 from rankopt.config import ExperimentConfig, apply_overrides
+from rankopt.data import build_batch_sampler, build_dataset, evaluation_splits
+from rankopt.data.splits import carve_validation
+from rankopt.data.transforms import build_transform
 from rankopt.engine import checkpoint as ckpt
+from rankopt.models import create_model
 
 
 def resolve_device(spec: str, local_rank: int = 0) -> torch.device:
@@ -45,8 +49,6 @@ ARCHITECTURE_KEYS = ("backbone", "pooling", "gem_p", "gem_learnable", "layer_nor
 def build_model(cfg: ExperimentConfig) -> nn.Module:
     """``rankopt.models.create_model`` from ``cfg.model``; with ``model.init`` the checkpoint's weights are loaded
     (the architecture must already be the checkpoint's: :func:`adopt_init_model`)."""
-    from rankopt.models import create_model
-
     m = cfg.model
     model = create_model(m.backbone, pretrained=m.pretrained, pooling=m.pooling, gem_p=m.gem_p,
                          gem_learnable=m.gem_learnable, layer_norm=m.layer_norm, embedding_dim=m.embedding_dim,
@@ -105,11 +107,11 @@ def build_loss(cfg: ExperimentConfig, *, class_counts: list[int], embedding_dim:
     (``rankopt.losses.loss_terms``).
 
     Losses with proxies or class weights (``proxy_dg``, ``rod_*``, ``happier``, ``normalized_softmax``, ``arcface``,
-    ``pml:<ClassName>``, ...), each term of a sum alike, get their data arguments (``rankopt.losses.data_arguments``)
-    from the data and the model unless given: ``class_counts`` holds the number of classes of each label column
-    (finest first).
+    ``pml:<ClassName>``, ...), each term of a sum alike, get the data arguments they declare
+    (``rankopt.losses.data_arguments``) from the data and the model unless given: ``class_counts`` holds the number
+    of classes of each label column (finest first).
     """
-    from rankopt import losses
+    from rankopt import losses  # PML etc.: 0.45 s more for search and serve, which import this module but not losses
 
     sources = {"classes": class_counts[0], "classes_per_level": list(class_counts), "embedding_dim": embedding_dim}
     terms = losses.loss_terms(cfg.loss.name, cfg.loss.kwargs, [dataclasses.asdict(t) for t in cfg.loss.terms])
@@ -121,8 +123,6 @@ def build_loss(cfg: ExperimentConfig, *, class_counts: list[int], embedding_dim:
 
 def build_transforms(cfg: ExperimentConfig) -> tuple[Any, Any]:
     """The (train, test) transforms of ``cfg.data`` (``rankopt.data.transforms.build_transform``)."""
-    from rankopt.data.transforms import build_transform
-
     d = cfg.data
     return build_transform(d.train_transform, d.image_size), build_transform(d.test_transform, d.image_size)
 
@@ -136,13 +136,9 @@ def build_datasets(cfg: ExperimentConfig, *, train: bool = True) -> tuple[Datase
     With ``data.batch_transform`` the datasets decode only; the trainer transforms whole batches.
     ``data.eval_splits``: ``None`` for the evaluation dataset's own splits, ``[]`` for none.
     """
-    from rankopt.data import build_dataset, evaluation_splits
-
     d = cfg.data
     train_tf, test_tf = (None, None) if d.batch_transform else build_transforms(cfg)
     if d.validation_fraction > 0:
-        from rankopt.data.splits import carve_validation
-
         carve = {"fraction": d.validation_fraction, "level": d.validation_level, "seed": d.validation_seed}
         full = build_dataset(d.name, d.root, d.train_split, **d.kwargs)
         train_part, validation = carve_validation(full, **carve)
@@ -158,8 +154,6 @@ def build_datasets(cfg: ExperimentConfig, *, train: bool = True) -> tuple[Datase
 
 def build_sampler(cfg: ExperimentConfig, labels: np.ndarray, *, rank: int = 0, world_size: int = 1) -> Any:
     """``rankopt.data.build_batch_sampler`` from ``cfg.train`` (the batch size is the global one)."""
-    from rankopt.data import build_batch_sampler
-
     t = cfg.train
     return build_batch_sampler(t.sampler, labels, batch_size=t.batch_size, m=t.m, seed=t.seed,
                                rank=rank, world_size=world_size, **t.sampler_kwargs)

@@ -21,6 +21,8 @@ from torch import nn
 
 from rankopt.checks import canonical_image_size
 from rankopt.config import ExperimentConfig, config_to_dict, load_config
+from rankopt.data.transforms import PRESETS, build_transform
+from rankopt.engine.assembly import build_model
 from rankopt.engine.checkpoint import save_model_checkpoint
 
 NATIVE_PRESETS: dict[str, str] = {
@@ -48,8 +50,6 @@ def native_presets(backbone: str) -> tuple[str, str]:
 
 def _train_preset(test_preset: str) -> str:
     """The training counterpart of a test preset (``X_test`` -> ``X_train``, ``test`` -> ``train``)."""
-    from rankopt.data.transforms import PRESETS
-
     candidate = "train" if test_preset == "test" else test_preset.removesuffix("test") + "train"
     return candidate if candidate in PRESETS else test_preset
 
@@ -70,9 +70,6 @@ def convert_released_weights(
     config of a checkpoint that embeds with it: ``transform`` (a test preset; default the release's own),
     ``image_size`` (S or "HxW"; default the preset's), ``embedding_dim`` (an untrained linear projection; default
     none: the backbone's pooled features)."""
-    from rankopt.data.transforms import build_transform
-    from rankopt.engine.assembly import build_model
-
     path = Path(weights)
     if not path.is_file():
         raise FileNotFoundError(f"weights file {str(path)!r} does not exist")

@@ -27,9 +27,7 @@ re-seeds the workers' augmentations.
 
 from __future__ import annotations
 
-import copy
 import itertools
-import json
 import math
 import time
 from collections.abc import Iterator
@@ -40,19 +38,23 @@ from typing import Any
 import numpy as np
 import torch
 from torch import nn
-from torch.utils.data import DataLoader, Subset
+from torch.utils.data import DataLoader
 
 from rankopt.checks import check_finite_scalar
 from rankopt.config import ExperimentConfig, config_to_dict, save_config
-from rankopt.engine import checkpoint as ckpt
+from rankopt.console import echo, format_table, progress
+from rankopt.data.fast_transform import collate
+from rankopt.describe import machine_info, model_info
+from rankopt.engine import checkpoint as ckpt, multistage, run_writer
 from rankopt.engine.assembly import (adopt_init_model, build_datasets, build_loss, build_model, build_sampler,
                                      build_transforms, resolve_device, seed_everything)
-from rankopt.engine import run_folder
-from rankopt.engine.distributed import average_gradients
-from rankopt.engine.evaluation import EmbeddedSplit, autocast_context, embed_dataset, evaluate_model
-from rankopt.engine.logging import RunLogger, echo, format_table, progress, write_csv_atomic
+from rankopt.engine.diagnostics import DIAGNOSTICS
+from rankopt.engine.distributed import DistributedLoss, average_gradients, init_distributed
+from rankopt.engine.embed_and_score import EmbeddedSplit, autocast_context, embed_dataset, evaluate_model
+from rankopt.engine.logging import RunLogger, write_csv_atomic
+from rankopt.engine.memory import CrossBatchMemory
 from rankopt.engine.optim import build_optimizer, build_scheduler, loss_param_groups, model_param_groups
-from rankopt.files import write_text_atomic
+from rankopt.engine.warm_start import init_loss_class_means, init_projection_pca
 from rankopt.losses import terms
 from rankopt.rank.differences import difference_summary, score_differences
 
@@ -89,30 +91,15 @@ class _SkipBatches:
         return max(len(self.sampler) - self.skip, 0)
 
 
-class _Descriptors(nn.Module):
-    """The model's pre-projection descriptors as a module (for :func:`embed_dataset`)."""
-
-    def __init__(self, model: nn.Module):
-        super().__init__()
-        self.model = model
-
-    def forward(self, images: torch.Tensor) -> torch.Tensor:
-        return self.model.descriptors(images)
-
-
 class Trainer:
     """Trains one experiment; see the module docstring for the run folder."""
 
     def __init__(self, cfg: ExperimentConfig, run_dir: str | Path | None = None,
                  run_info: dict[str, Any] | None = None):
         """``run_info``: how the run was asked for (``recipe``, ``overrides``, ``command``), kept in ``run.json``."""
-        from rankopt.engine.distributed import init_distributed
-
         if cfg.train.best_metric not in cfg.eval.metrics:
             raise ValueError(f"train.best_metric={cfg.train.best_metric!r} is not in eval.metrics {cfg.eval.metrics}")
         if cfg.train.diagnostics:
-            from rankopt.engine.diagnostics import DIAGNOSTICS
-
             unknown = [d for d in cfg.train.diagnostics if d not in DIAGNOSTICS]
             if unknown:
                 raise ValueError(f"train.diagnostics: unknown {unknown}; known: {', '.join(DIAGNOSTICS)}")
@@ -146,17 +133,18 @@ class Trainer:
 
         self.model = build_model(cfg).to(self.device)
         if cfg.model.pca_init_images > 0 and not cfg.train.resume:
-            self._init_projection_pca(cfg.model.pca_init_images)
+            init_projection_pca(self.model, cfg, cfg.model.pca_init_images, self._test_transform(),
+                                self._embed_with_rank0_model, self.device)
         embedding_dim = int(self.model.embedding_dim)
         self.loss_fn = build_loss(cfg, class_counts=(labels.max(axis=0) + 1).tolist(), embedding_dim=embedding_dim)
         self.loss_fn.to(self.device)
         if cfg.loss.init == "class_means" and not resume_path:
-            self._init_class_means()
+            # under DDP the loss state is broadcast from rank 0 below
+            init_loss_class_means(self.model, self.loss_fn, self.train_ds, self._test_transform(),
+                                  self._embed_with_rank0_model, self.device)
         self.train_model: nn.Module = self.model
         self.train_loss: nn.Module = self.loss_fn
         if self.world_size > 1:
-            from rankopt.engine.distributed import DistributedLoss
-
             ids = [self.device.index] if self.device.type == "cuda" else None
             self.train_model = nn.parallel.DistributedDataParallel(self.model, device_ids=ids)
             self.train_loss = DistributedLoss(self.loss_fn)
@@ -180,8 +168,6 @@ class Trainer:
         self.memory = None
         mem = cfg.train.memory
         if mem.enabled:
-            from rankopt.engine.memory import CrossBatchMemory
-
             self.memory = CrossBatchMemory(mem.size or len(self.train_ds), embedding_dim, num_levels=labels.shape[1],
                                            warmup_steps=mem.warmup_steps, weight=mem.weight).to(self.device)
         sub = cfg.train.sub_batch_size
@@ -203,31 +189,6 @@ class Trainer:
             self.load_state(ckpt.load_checkpoint(resume_path, map_location=self.device))
             if self.is_main:
                 echo(f"resumed from {resume_path} (epoch {self.epoch}, step {self.global_step})")
-
-    def _init_projection_pca(self, num_images: int) -> None:
-        """PCA initialisation of the projection from the descriptors of ``num_images`` training
-        images (evenly spaced, test transform). Under DDP the ranks start from rank 0's weights
-        and share the descriptor computation, so every rank gets the same projection."""
-        from rankopt.data import build_dataset
-
-        d = self.cfg.data
-        dataset = build_dataset(d.name, d.root, d.train_split, transform=self._test_transform(), **d.kwargs)
-        picked = np.linspace(0, len(dataset) - 1, min(num_images, len(dataset))).round().astype(int)
-        subset = Subset(dataset, sorted(set(picked.tolist())))
-        subset.labels, subset.paths = dataset.labels[subset.indices], [dataset.paths[i] for i in subset.indices]
-        descriptors = self._embed_with_rank0_model(_Descriptors(self.model), subset, "PCA descriptors")
-        self.model.init_projection_pca(descriptors.embeddings.to(self.device))
-
-    def _init_class_means(self) -> None:
-        """``loss.init=class_means``: the loss's class weights (``rankopt.losses.init_class_means``) from the
-        embeddings of every training image by the model before training (test transform); under DDP the ranks
-        share the embedding with rank 0's weights, and the loss state is broadcast from rank 0 afterwards."""
-        from rankopt.losses import init_class_means
-
-        dataset = copy.copy(self.train_ds)
-        dataset.transform = self._test_transform()
-        split = self._embed_with_rank0_model(self.model, dataset, "class means")
-        init_class_means(self.loss_fn, split.embeddings.to(self.device), split.labels.to(self.device))
 
     def _test_transform(self) -> Any:
         """The per-image test transform (``None`` with ``data.batch_transform``: batches are transformed)."""
@@ -317,8 +278,6 @@ class Trainer:
                "loss": value, **{f"term/{k}": v for k, v in loss_terms.items()}, **lrs,
                **{f"diff/{k}": v for k, v in difference_summary(diffs).items()}}
         if self.cfg.train.diagnostics and self.global_step % self.cfg.train.diagnostics_every == 0:
-            from rankopt.engine.diagnostics import DIAGNOSTICS
-
             for name in self.cfg.train.diagnostics:
                 row.update({f"diag/{k}": v for k, v in DIAGNOSTICS[name](embeddings, labels).items()})
         self.step_log.append(row)
@@ -331,10 +290,8 @@ class Trainer:
         labels = batch["label"].to(self.device)
         indices = batch["index"].to(self.device)
         if self.sub_batch_size is not None:
-            from rankopt.engine.multistage import multistage_step
-
             dtype = {"none": None, "bf16": torch.bfloat16, "fp16": torch.float16}[self.cfg.train.amp]
-            loss, embeddings = multistage_step(
+            loss, embeddings = multistage.multistage_step(
                 self.train_model, images, labels, lambda emb, lab: self._loss(emb, lab, indices),
                 self.sub_batch_size, autocast_dtype=dtype, scaler=self.scaler if self.scaler.is_enabled() else None)
         else:
@@ -390,8 +347,6 @@ class Trainer:
     def _epoch_loader(self) -> DataLoader:
         self.sampler.set_epoch(self.epoch)
         generator = torch.Generator().manual_seed(self.cfg.train.seed * 1_000_003 + self.epoch)
-        from rankopt.data.fast_transform import collate
-
         return DataLoader(self.train_ds, batch_sampler=_SkipBatches(self.sampler, self.step_in_epoch),
                           num_workers=self.cfg.data.num_workers, generator=generator,
                           pin_memory=self.device.type == "cuda", collate_fn=collate)
@@ -456,8 +411,8 @@ class Trainer:
         if self.is_main:
             self.run_dir.mkdir(parents=True, exist_ok=True)
             save_config(cfg, self.run_dir / "config.yaml")
-            run_folder.write_run_info(self.run_dir, self.run_info, self.device)
-            run_folder.write_class_split(self.run_dir, self.train_ds)
+            run_writer.write_run_info(self.run_dir, self.run_info, self.device)
+            run_writer.write_class_split(self.run_dir, self.train_ds)
             echo(f"run folder: {self.run_dir}")
         if self.global_step == 0 and not (self.logger and self.logger.history):
             untrained = self.evaluate()
@@ -499,12 +454,12 @@ class Trainer:
             "best": self.best,
             "data": {"name": d.name, "root": d.root, "eval_name": d.eval_name or d.name,
                      "level_names": list(getattr(first, "level_names", [])),
-                     "train": run_folder.dataset_counts({"train": self.train_ds})["train"],
-                     "eval": run_folder.dataset_counts(self.eval_ds)},
-            "model": run_folder.model_info(self.model, self.cfg.model.backbone),
+                     "train": run_writer.dataset_counts({"train": self.train_ds})["train"],
+                     "eval": run_writer.dataset_counts(self.eval_ds)},
+            "model": model_info(self.model, self.cfg.model.backbone),
             "loss": {"name": self.cfg.loss.name, "kwargs": dict(self.cfg.loss.kwargs), "repr": repr(self.loss_fn),
                      "terms": [vars(t) for t in self.cfg.loss.terms], "init": self.cfg.loss.init},
-            "machine": run_folder.machine_info(self.device),
+            "machine": machine_info(self.device),
         }
         if self.last_by_category and report["trained"]:
             report["trained"]["by_category"] = self.last_by_category
@@ -514,18 +469,12 @@ class Trainer:
                               f"final report ({self.cfg.data.name}, {self.epoch} epochs, "
                               f"{trained.get('num_queries', '?')} queries):"))
             self._write_step_log()
-            run_folder.write_retrieval(self.run_dir, self.last_splits, self.cfg.eval.similarity)
-            if self.cfg.output.figures and self.cfg.output.embedding_figures:
-                report["figures"] = [str(p) for p in self._figures(history)]
-            write_text_atomic(self.run_dir / "report.json", json.dumps(report, indent=2))
-            page = run_folder.write_html_report(self.run_dir) if self.cfg.output.figures else None
+            out = self.cfg.output
+            page = run_writer.finish_run_folder(self.run_dir, report, self.last_splits, self.cfg,
+                                                figures=out.figures and out.embedding_figures, html=out.figures,
+                                                history=history, level_names=getattr(first, "level_names", None))
             echo(f"run folder: {self.run_dir} (config.yaml, metrics.csv, steps.csv, report.json, checkpoints/"
                  f"{', figures/' if self.cfg.output.figures else ''})")
             if page is not None:
                 echo(f"report: {page}")
         return report
-
-    def _figures(self, history: list[dict[str, Any]]) -> list[Path]:
-        first = next(iter(self.eval_ds.values()))
-        return run_folder.write_split_figures(self.run_dir, self.last_splits, self.cfg, history=history,
-                                              level_names=getattr(first, "level_names", None))

@@ -24,6 +24,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from rankopt.experiments.runner import RunOutcome, RunSpec, run_grid
+from rankopt.report import compare_runs, write_comparison
 
 LOSSES: dict[str, tuple[str, ...]] = {
     "smooth_ap": ("loss.name=smooth_ap",),  # Smooth-AP, tau = 0.01 (ECCV'20)
@@ -217,8 +218,6 @@ def run_benchmark(
     runs = [o.run_dir for o in outcomes if o.status != "failed"]
     comparison: dict[str, Path] = {}
     if runs:
-        from rankopt.report import compare_runs, write_comparison
-
         groups = {o.spec.tags.get("loss") for o in outcomes}
         comparison = write_comparison(
             compare_runs(runs, by=list(by), baseline=baseline if baseline in groups else None), out)

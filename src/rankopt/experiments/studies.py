@@ -34,6 +34,7 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 
+from rankopt.describe import machine_info
 from rankopt.experiments.study_analyses import (
     approximation_error_study,
     decomposability_gap_study,
@@ -98,8 +99,6 @@ def study_command(s: Settings) -> str:
 
 
 def _machine() -> str:
-    from rankopt.engine.run_folder import machine_info
-
     info = machine_info(measuring_device())
     device = info.get("gpu") or info["device"]
     return (f"{info['platform']}, {info['cpu_count']} CPUs, Python {info['python']}, torch {info['torch']}, "

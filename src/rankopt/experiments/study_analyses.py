@@ -12,8 +12,23 @@ import numpy as np
 import torch
 
 from rankopt.config import ExperimentConfig
+from rankopt.data import build_batch_sampler
+from rankopt.engine.assembly import (
+    build_datasets,
+    build_model,
+    build_transforms,
+    model_from_checkpoint,
+    resolve_device,
+    seed_everything,
+)
+from rankopt.engine.diagnostics import SURROGATES
+from rankopt.engine.embed_and_score import embed_dataset
 from rankopt.experiments.study_settings import CALIBRATION_LOSSES, TRAINED_CHECKPOINT, Settings, seeded_runs
 from rankopt.experiments.study_tables import Findings, Table, finite_summary
+from rankopt.metrics import decomposability_gap, evaluate
+from rankopt.rank import default_delta, operating_fraction, score_differences
+from rankopt.report.run_reader import read_run
+from rankopt.viz import plot_approximation_error, plot_decomposability_gap, plot_operating_region
 
 GAP_BATCH_SIZES = (32, 64, 128, 256, 512)
 DIAGNOSTICS_EVERY, QUICK_DIAGNOSTICS_EVERY = 10, 2
@@ -25,15 +40,11 @@ OPERATING_BATCHES, QUICK_OPERATING_BATCHES = 20, 4
 
 def measuring_device() -> torch.device:
     """The device the studies embed with (``resolve_device("auto")``)."""
-    from rankopt.engine.assembly import resolve_device
-
     return resolve_device("auto")
 
 
 def _untrained(cfg: ExperimentConfig, seed: int) -> torch.nn.Module:
     """The recipe's model as initialised with ``seed`` (eval mode)."""
-    from rankopt.engine.assembly import build_model, seed_everything
-
     seed_everything(seed)
     return build_model(cfg).to(measuring_device()).eval()
 
@@ -41,9 +52,6 @@ def _untrained(cfg: ExperimentConfig, seed: int) -> torch.nn.Module:
 def _embed(model: torch.nn.Module, cfg: ExperimentConfig, split: str) -> tuple[torch.Tensor, torch.Tensor]:
     """Embeddings and labels of the training split (``split="train"``: the one the run trained on) or of
     the evaluation split (``"eval"``, self-retrieval only), always with the test transform."""
-    from rankopt.engine.evaluation import embed_dataset
-    from rankopt.engine.assembly import build_datasets, build_transforms
-
     train_ds, evals = build_datasets(cfg, train=split == "train")
     if split != "train" and len(evals) != 1:
         raise ValueError(f"{cfg.data.name}: evaluation splits {list(evals)}; this study needs one self-retrieval split")
@@ -62,9 +70,6 @@ def decomposability_gap_study(s: Settings) -> Findings:
     sizes :data:`GAP_BATCH_SIZES` (random batches, ``rankopt.metrics.decomposability_gap``) for SupAP
     and ROADMAP models (last checkpoint) and the untrained model, with the relative decrease
     ``100 (DG_SupAP - DG_ROADMAP) / DG_SupAP`` (ROADMAP Table 10)."""
-    from rankopt.engine.assembly import model_from_checkpoint
-    from rankopt.metrics import decomposability_gap, evaluate
-
     sizes = [int(v) for v in s.sweep_values(GAP_BATCH_SIZES)]
     runs = s.train_groups({loss: seeded_runs(s, loss, f"loss.name={loss}") for loss in CALIBRATION_LOSSES})
     gaps: dict[str, list[list[float]]] = {"untrained": [], **{loss: [] for loss in CALIBRATION_LOSSES}}
@@ -89,8 +94,6 @@ def decomposability_gap_study(s: Settings) -> Findings:
     sup, road = ([c.mean for c in cells[n]] for n in CALIBRATION_LOSSES)
     table.rows.append(["decrease of DG, SupAP -> ROADMAP (%)", None,
                        *[100.0 * (a - b) / a if a else math.nan for a, b in zip(sup, road, strict=True)]])
-    from rankopt.viz import plot_decomposability_gap
-
     figure = plot_decomposability_gap(sizes, {n: [c.mean for c in cells[n]] for n in gaps},
                                       s.out_dir / "decomposability_gap.png",
                                       errors={n: [c.std for c in cells[n]] for n in gaps},
@@ -109,9 +112,6 @@ def approximation_error_study(s: Settings) -> Findings:
     model trains (the recipe with ``loss.name=smooth_ap`` unless ``--set loss.name=...``): the
     ``surrogate_ap`` diagnostic (:mod:`rankopt.engine.diagnostics`) logged every
     ``train.diagnostics_every`` steps into ``steps.csv`` (Smooth-AP Fig. 4)."""
-    from rankopt.engine.diagnostics import SURROGATES
-    from rankopt.report.run_folder import read_run
-
     if s.values:
         raise ValueError("approximation_error sweeps nothing: --values does not apply")
     every = QUICK_DIAGNOSTICS_EVERY if s.quick else DIAGNOSTICS_EVERY
@@ -134,8 +134,6 @@ def approximation_error_study(s: Settings) -> Findings:
         first = finite_summary([float(np.mean(p[name][:edge])) for p in per_seed])
         last = finite_summary([float(np.mean(p[name][count - edge : count])) for p in per_seed])
         table.rows.append(["true batch AP (for scale)" if name == "true" else name, first, last])
-    from rankopt.viz import plot_approximation_error
-
     loss = folders[0].report.get("loss", {}).get("name", "?")
     mean_errors = {n: np.mean([p[n][:count] for p in per_seed], axis=0).tolist() for n in SURROGATES}
     figure = plot_approximation_error(per_seed[0]["step"][:count], mean_errors, s.out_dir / "approximation_error.png",
@@ -156,8 +154,6 @@ def operating_fractions(embeddings: torch.Tensor, labels: torch.Tensor, batches:
     ``δ(τ) = τ ln((1 - ε)/ε)``, ``ε = 0.01`` (where ``σ'`` falls below ~ε: ROADMAP supp. A.3).
 
     Smooth-AP supp. Eq. 1 counts ``|dG/dD| > 0.005`` instead; both measure the sigmoid's operating region."""
-    from rankopt.rank import default_delta, operating_fraction, score_differences
-
     out = np.full((len(batches), len(taus)), math.nan)
     for i, batch in enumerate(batches):
         index = torch.as_tensor(list(batch), dtype=torch.long)
@@ -169,8 +165,6 @@ def operating_fractions(embeddings: torch.Tensor, labels: torch.Tensor, batches:
 def _operating_batches(labels: torch.Tensor, batch_size: int, m: int, seed: int, count: int) -> list[np.ndarray]:
     """The first ``count`` m-per-class batches of epoch 0 (none when fewer than ``batch_size / m`` classes
     have ``m`` images)."""
-    from rankopt.data import build_batch_sampler
-
     if batch_size % m:
         raise ValueError(f"batch size {batch_size} is not a multiple of train.m = {m}")
     sizes = np.unique(labels[:, 0].numpy(), return_counts=True)[1]
@@ -185,8 +179,6 @@ def operating_region_study(s: Settings) -> Findings:
     τ in :data:`OPERATING_TAUS` and batch sizes :data:`OPERATING_BATCH_SIZES` (m-per-class batches of
     the training split, test transform), for the untrained model and a model trained with Smooth-AP
     (one run, or ``from_run``): Smooth-AP supp. Fig. S7a."""
-    from rankopt.engine.assembly import model_from_checkpoint
-
     sizes = [int(v) for v in s.sweep_values(OPERATING_BATCH_SIZES)]
     run = s.from_run or s.train(seeded_runs(replace(s, seeds=s.seeds[:1]), "smooth_ap",
                                             defaults=("loss.name=smooth_ap",)))[0]
@@ -210,8 +202,6 @@ def operating_region_study(s: Settings) -> Findings:
             table.rows.append([name, b, len(batches), *cells])
             for tau, cell in zip(taus, cells, strict=True):
                 by_tau[tau].append(cell.mean)
-    from rankopt.viz import plot_operating_region
-
     figure = plot_operating_region(sizes, fractions, s.out_dir / "operating_region.png", title_note=s.recipe)
     return Findings(
         "Score differences in the sigmoid's operating region vs batch size and τ (Smooth-AP supp. Fig. S7)",

@@ -9,9 +9,12 @@ import math
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+from rankopt.config import load_config
 from rankopt.experiments.study_settings import CALIBRATION_LOSSES, Settings, seeded_runs, value_text
 from rankopt.experiments.study_tables import Cell, Findings, Table, finite_summary
+from rankopt.report.compare import load_run
 from rankopt.report.stats import Summary
+from rankopt.viz import plot_sweep
 
 STUDY_METRICS = ("map@r", "recall@1")
 """The metrics the sweep tables report (ROADMAP Figs. 4-5: mAP@R; and R@1)."""
@@ -29,8 +32,6 @@ SMOOTH_AP_BATCH_SIZES = (64, 128, 256)
 
 def _trained_metrics(run_dir: Path, s: Settings) -> dict[str, float]:
     """``report.json["trained"]`` (the last evaluation) of a run, checked to be on the study's split."""
-    from rankopt.report.compare import load_run
-
     record = load_run(run_dir)
     evaluated = list(record.report.get("data", {}).get("eval", {}))
     if (s.eval_split == "validation") != (evaluated == ["validation"]):
@@ -74,8 +75,6 @@ def _sweep(s: Settings, *, param: str, symbol: str, key: str, loss: str, default
         for name, cell in zip(STUDY_METRICS, cells, strict=True):
             stats[name].append(cell)
         table.rows.append([value_text(v), *cells, len(metrics)])
-    from rankopt.viz import plot_sweep
-
     figure = plot_sweep(symbol, values, {m: [c.mean for c in stats[m]] for m in STUDY_METRICS},
                         s.out_dir / f"{s.name}.png", errors={m: [c.std for c in stats[m]] for m in STUDY_METRICS},
                         title_note=f"{s.recipe}, {s.eval_split} split")
@@ -100,8 +99,6 @@ def _steps_for(s: Settings, batch_sizes: Sequence[int]) -> dict[int, int | None]
     """``train.max_steps_per_epoch`` per batch size so that each sees about as many images:
     ``steps(B) = round(steps_0 · B_0 / B)`` from the effective config's ``steps_0`` and ``B_0``.
     Without a step cap, the samplers' epochs already hold about ``N / B`` batches: no override."""
-    from rankopt.config import load_config
-
     base = load_config(s.recipe, s.overrides(tuned=True)).train
     if base.max_steps_per_epoch is None:
         return dict.fromkeys(batch_sizes)
@@ -135,8 +132,6 @@ def batch_size_study(s: Settings) -> Findings:
             for head, cell in cells.items():
                 series.setdefault(f"{head} {m}", []).append(cell)
         table.rows.append(row)
-    from rankopt.viz import plot_sweep
-
     note = f"{s.recipe}, {s.eval_split} split"
     metric_keys = [f"{head} {m}" for m in STUDY_METRICS for head in ("SupAP", "ROADMAP")]
     gain_keys = [f"gain {m}" for m in STUDY_METRICS]

@@ -5,14 +5,14 @@
     Embedder.from_onnx("model.onnx")            # rankopt.search: same fingerprint as the checkpoint's
 
 :mod:`rankopt.export.onnx` writes the model (dynamic batch axis; preprocessing, input convention and
-fingerprint in its metadata), :mod:`rankopt.export.runtime` runs it with onnxruntime, :mod:`rankopt.export.parity`
+fingerprint in its metadata), :mod:`rankopt.export.onnx_net` runs it with onnxruntime, :mod:`rankopt.export.parity`
 compares its embeddings with PyTorch's. onnx, onnxscript and onnxruntime are the optional ``onnx`` extra,
 imported lazily (``pip install 'rankopt[onnx]'``).
 """
 
 from rankopt.export.onnx import Exported, describe_input, export_checkpoint, export_onnx
 from rankopt.export.parity import ParityReport, compare, row_cosines
-from rankopt.export.runtime import OnnxMetadata, OnnxNet
+from rankopt.export.onnx_net import OnnxMetadata, OnnxNet
 
 __all__ = ["Exported", "OnnxMetadata", "OnnxNet", "ParityReport", "compare", "describe_input", "export_checkpoint",
            "export_onnx", "row_cosines"]

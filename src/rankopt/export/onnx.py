@@ -6,7 +6,7 @@ dynamic, ``H x W`` fixed by the test transform. It is written by the ``torch.exp
 (``torch.onnx.export(..., dynamo=True)``, which needs onnx and onnxscript): it exports every built-in backbone,
 ViTs included (the TorchScript exporter fails on the ViT position-embedding resize).
 
-``metadata_props`` (strings; read back by :class:`rankopt.export.runtime.OnnxMetadata`):
+``metadata_props`` (strings; read back by :class:`rankopt.export.onnx_net.OnnxMetadata`):
 
 ==================  ==========================================================================================
 ``format``          ``rankopt-embedding-model``, ``format_version`` ``1``
@@ -38,9 +38,14 @@ from typing import Any
 import torch
 from torch import nn
 
+from rankopt import __version__
 from rankopt.data.base import RetrievalDataset
+from rankopt.data.fast_transform import CenterCropStep, NormalizeStep, ResizeStep
+from rankopt.data.transforms import AreaResize, build_transform, output_size
+from rankopt.describe import model_info
+from rankopt.engine.assembly import inference_preprocessing, model_from_checkpoint
+from rankopt.export.onnx_net import FORMAT, FORMAT_VERSION, INPUT_NAME, INSTALL_HINT, OUTPUT_NAME, OnnxNet
 from rankopt.export.parity import DEFAULT_LIMIT, ParityReport, compare
-from rankopt.export.runtime import FORMAT, FORMAT_VERSION, INPUT_NAME, INSTALL_HINT, OUTPUT_NAME, OnnxNet
 from rankopt.models.fingerprint import model_fingerprint
 
 EXAMPLE_BATCH = 2  # the traced batch; the exported batch axis is dynamic
@@ -59,9 +64,6 @@ def import_exporter() -> Any:
 def describe_input(preprocessing: Mapping[str, Any]) -> dict[str, Any]:
     """The input convention of ``preprocessing``'s test transform, for runtimes without rankopt: the steps
     of its per-image path (:mod:`rankopt.data.fast_transform`) on an RGB image scaled to [0, 1]."""
-    from rankopt.data.fast_transform import CenterCropStep, NormalizeStep, ResizeStep
-    from rankopt.data.transforms import AreaResize, build_transform, output_size
-
     if "transform" not in preprocessing:
         raise ValueError(f"preprocessing {dict(preprocessing)} names no test transform preset (key 'transform')")
     transform = build_transform(preprocessing["transform"], preprocessing.get("image_size"))
@@ -107,10 +109,6 @@ def export_onnx(model: nn.Module, preprocessing: Mapping[str, Any], out: str | o
     """Write ``model`` (in eval mode for the export, restored after) as ONNX to ``out`` (atomically) with the
     metadata of the module docstring; ``preprocessing`` (test transform preset and image size) sets the
     input size and joins the fingerprint."""
-    from rankopt import __version__
-    from rankopt.data.transforms import output_size
-    from rankopt.engine.run_folder import model_info
-
     onnx = import_exporter()
     input_spec = describe_input(preprocessing)
     height, width = output_size(preprocessing["transform"], preprocessing.get("image_size"))
@@ -164,9 +162,6 @@ def export_checkpoint(checkpoint: str | os.PathLike[str], out: str | os.PathLike
     before moving it into place: an ONNX
     model whose embeddings differ from the checkpoint's is refused (``ValueError``, nothing written), since it
     carries the checkpoint's fingerprint."""
-    from rankopt.engine.assembly import inference_preprocessing, model_from_checkpoint
-    from rankopt.engine.run_folder import model_info
-
     model, cfg = model_from_checkpoint(checkpoint, "cpu")
     preprocessing = inference_preprocessing(cfg)
     summary = model_info(model, cfg.model.backbone)

@@ -17,6 +17,10 @@ import torch
 from torch import nn
 
 from rankopt.data.base import RetrievalDataset
+from rankopt.data.splits import subset
+from rankopt.data.transforms import build_transform, output_size
+from rankopt.engine.embed_and_score import embed_dataset
+from rankopt.metrics import evaluate
 
 COSINE_TOLERANCE = 0.99999
 """The smallest per-row cosine a faithful export may give."""
@@ -79,8 +83,6 @@ def sample(dataset: RetrievalDataset, limit: int | None) -> RetrievalDataset:
     """A new dataset of at most ``limit`` items of ``dataset`` (all of them when ``None``). With labels (column 0):
     the first ``k = max(2, ceil(limit / K))`` items of each of ``floor(limit / k)`` classes evenly spaced among the
     ``K`` labelled ones, so every query keeps its positives; unlabelled: ``limit`` items at evenly spaced positions."""
-    from rankopt.data.splits import subset
-
     if limit is not None and limit < 1:
         raise ValueError(f"the number of images to compare must be >= 1, got {limit}")
     if limit is None or limit >= len(dataset):
@@ -103,7 +105,6 @@ def _device(model: nn.Module) -> torch.device:
 
 
 def _metrics(embeddings: torch.Tensor, labels: torch.Tensor) -> dict[str, float]:
-    from rankopt.metrics import evaluate
 
     return evaluate(embeddings, labels, metrics=PARITY_METRICS).metrics
 
@@ -115,9 +116,6 @@ def compare(reference: nn.Module, candidate: nn.Module, preprocessing: Mapping[s
     models and compare (module docstring). ``images=None``: a synthetic batch of 16 random-pixel images
     (uniform in [0, 1], 1.25 times the input size) through the test transform; no metrics then.
     ``description``: how the report names ``images`` (default: the dataset's name and split)."""
-    from rankopt.data.transforms import build_transform, output_size
-    from rankopt.engine.evaluation import embed_dataset
-
     transform = build_transform(preprocessing["transform"], preprocessing.get("image_size"))
     if images is None:
         height, width = output_size(preprocessing["transform"], preprocessing.get("image_size"))

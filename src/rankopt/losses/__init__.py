@@ -17,7 +17,12 @@ In a config (``loss`` section)::
                                                            weights) from the class means of the training
                                                            embeddings before training; default: random (papers)
 
-``num_classes``/``embedding_dim`` come from the data and the model (:func:`data_arguments`). A sum logs each
+A ROD combination (``roadmap``, ``rod_ap``, ``happier``, ...) takes ``lam`` and one map per term keyed by the
+term's name, as a sum does: ``loss.name=roadmap loss.kwargs.sup_ap.tau=0.01 loss.kwargs.calibration.alpha=0.9``
+(:mod:`rankopt.losses.combination`).
+
+``num_classes``/``embedding_dim`` come from the data and the model: each loss declares them where it is
+registered (``register(name, data=PROXIES)``, read by :func:`data_arguments`). A sum logs each
 term per step (``term/<name>`` columns of ``steps.csv``). The class weights of ArcFace, CosFace, Sub-center
 ArcFace (×1) and Proxy-Anchor (×100) train in the model's optimizer at that multiple of its learning rate, as
 their papers do; other loss parameters (proxies) in their own (``optim.loss_params``, which decides both).
@@ -25,7 +30,6 @@ their papers do; other loss parameters (proxies) in their own (``optim.loss_para
 
 from __future__ import annotations
 
-import inspect
 from collections.abc import Sequence
 from typing import Any
 
@@ -45,7 +49,7 @@ from rankopt.losses.pml import data_arguments as pml_data_arguments
 from rankopt.losses.pml import pml_loss
 from rankopt.losses.proxy import ProxyDGLoss
 from rankopt.losses.recall import SmoothRecallLoss, SupRecallLoss
-from rankopt.losses.registry import LOSSES
+from rankopt.losses.registry import DATA_ARGUMENTS, LOSSES
 from rankopt.losses.smooth_ap import SmoothAPLoss
 from rankopt.losses.sup_ap import SupAPLoss, SupRankLoss
 from rankopt.losses.sums import SEPARATOR, LossSum, LossTerm, loss_terms
@@ -73,17 +77,13 @@ def data_arguments(name: str) -> dict[str, str]:
     each mapped to its source: ``"classes"`` (number of finest-level classes), ``"classes_per_level"``
     (one count per label column, for the Σ-over-levels losses) or ``"embedding_dim"``.
 
-    A factory may declare them as a ``data_arguments`` attribute; otherwise they are read from its signature
-    (for ``pml:<ClassName>``, the class's).
+    Each registered loss declares them (:func:`rankopt.losses.registry.register`); a ``pml:<ClassName>`` loss
+    has those of PML's class (:func:`rankopt.losses.pml.data_arguments`).
     """
     if name.startswith(PML_PREFIX):
         return pml_data_arguments(name.removeprefix(PML_PREFIX))
-    factory = LOSSES.get(name)
-    declared = getattr(factory, "data_arguments", None)
-    if declared is not None:
-        return dict(declared)
-    params = inspect.signature(factory).parameters
-    return {arg: source for arg, source in (("num_classes", "classes"), ("embedding_dim", "embedding_dim")) if arg in params}
+    LOSSES.get(name)  # KeyError naming the known losses
+    return dict(DATA_ARGUMENTS.get(name.lower(), {}))
 
 
 __all__ = [

@@ -3,7 +3,7 @@
 One pass over a block of rows reads each score, level and membership once: the forward sums
 ``[alpha - s]_+`` over the positives and ``[s - beta]_+`` over the negatives of each row; the backward
 writes ``grad_out_i * d L_i / d s_ij`` straight into the gradient. Same values as the torch
-expressions of :class:`rankopt.losses.calibration.CalibrationLoss` (its ``method="torch"``), which
+expressions of :class:`rankopt.losses.calibration.CalibrationLoss` (its ``method="reference"``), which
 make several ``(C, M)`` temporaries; the sums accumulate in float64. Both run in the calling thread.
 """
 

@@ -74,6 +74,11 @@ def compute_dtype(x: torch.Tensor) -> torch.dtype:
     return torch.promote_types(x.dtype, torch.float32)
 
 
+def chunk_rows(max_elements: int, elements_per_row: int) -> int:
+    """Rows per chunk under a budget of ``max_elements``: ``max(1, max_elements // elements_per_row)``."""
+    return max(1, max_elements // max(1, elements_per_row))
+
+
 class _CachedRowGrad(torch.autograd.Function):
     """Output ``values``; backward ``grad_out[:, None] * row_grads`` (row-local terms only)."""
 
@@ -104,7 +109,7 @@ def rowwise(
     gradient is computed during the forward when the scores require it (first order only).
     """
     num_rows = scores.shape[0]
-    chunk = max(1, max_elements // max(1, elements_per_row))
+    chunk = chunk_rows(max_elements, elements_per_row)
     need_grad = scores.requires_grad and torch.is_grad_enabled()
     values = []
     single = chunk >= num_rows

@@ -33,7 +33,7 @@ from pytorch_metric_learning.utils import loss_and_miner_utils as lmu
 from torch import nn
 
 from rankopt.losses.base import RankLoss, compute_dtype
-from rankopt.losses.registry import LOSSES
+from rankopt.losses.registry import PER_LEVEL_PROXIES, PROXIES, register
 
 Indices = tuple[torch.Tensor, ...]
 
@@ -89,12 +89,14 @@ class PMLLoss(RankLoss):
         labels, ref_labels = self.validate(embeddings, labels, ref_embeddings, ref_labels)
         num_levels = labels.shape[1]
         if len(self.losses) not in (1, num_levels):
-            raise ValueError(f"{type(self).__name__} has {len(self.losses)} per-level losses but the labels have {num_levels} levels")
+            raise ValueError(f"{type(self).__name__} has {len(self.losses)} per-level losses but the labels have "
+                             f"{num_levels} levels")
         weights = self.weights or [1.0] * num_levels
         if len(weights) != num_levels:
             raise ValueError(f"weights has {len(weights)} entries but the labels have {num_levels} levels")
         if self.embedding_dim is not None and embeddings.shape[1] != self.embedding_dim:
-            raise ValueError(f"embeddings have dimension {embeddings.shape[1]} but the proxies have {self.embedding_dim}")
+            raise ValueError(f"embeddings have dimension {embeddings.shape[1]} but the proxies have "
+                             f"{self.embedding_dim}")
         with torch.autocast(device_type=embeddings.device.type, enabled=False):
             x = embeddings.to(compute_dtype(embeddings))
             ref = None if ref_embeddings is None else ref_embeddings.to(x.device, x.dtype)
@@ -104,12 +106,14 @@ class PMLLoss(RankLoss):
                 total = total + weight * self.level_loss(level % len(self.losses), x, labels[:, level], ref, ref_y)
         return total
 
-    def level_loss(self, index: int, x: torch.Tensor, y: torch.Tensor, ref: torch.Tensor | None, ref_y: torch.Tensor | None) -> torch.Tensor:
+    def level_loss(self, index: int, x: torch.Tensor, y: torch.Tensor, ref: torch.Tensor | None,
+                   ref_y: torch.Tensor | None) -> torch.Tensor:
         """Loss ``index`` on one label column; the reference set extends each query's retrieval set."""
         if self.num_classes is not None:
             low, high = int(y.min()), int(y.max())
             if low < 0 or high >= self.num_classes[index]:
-                raise ValueError(f"labels must lie in [0, {self.num_classes[index]}) for the proxies of level {index}; got values in [{low}, {high}]")
+                raise ValueError(f"labels must lie in [0, {self.num_classes[index]}) for the proxies of level {index}; "
+                                 f"got values in [{low}, {high}]")
         loss, miner = self.losses[index], self.miners[index]
         if ref is None or ref_y is None:
             return loss(x, y, None if miner is None else miner(x, y))
@@ -122,7 +126,8 @@ class PMLLoss(RankLoss):
 
 
 def _semi_hard_triplet(margin: float) -> tuple[nn.Module, nn.Module]:
-    return pml_losses.TripletMarginLoss(margin=margin), pml_miners.TripletMarginMiner(margin=margin, type_of_triplets="semihard")
+    return (pml_losses.TripletMarginLoss(margin=margin),
+            pml_miners.TripletMarginMiner(margin=margin, type_of_triplets="semihard"))
 
 
 def proxy_losses(make: type[nn.Module], num_classes: Sequence[int], embedding_dim: int, hierarchical: bool,
@@ -139,33 +144,34 @@ def proxy_losses(make: type[nn.Module], num_classes: Sequence[int], embedding_di
     )
 
 
-@LOSSES.register("triplet")
+@register("triplet")
 def triplet(margin: float = 0.2) -> PMLLoss:
     """Triplet margin loss with semi-hard mining (TL_SH; Schroff et al. 2015's margin 0.2)."""
     loss, miner = _semi_hard_triplet(margin)
     return PMLLoss([loss], [miner])
 
 
-@LOSSES.register("sum_triplet")
+@register("sum_triplet")
 def sum_triplet(margin: float = 0.2, weights: Sequence[float] | None = None) -> PMLLoss:
     """ΣTL_SH (TPAMI Table V): semi-hard triplet loss on every label level, summed."""
     loss, miner = _semi_hard_triplet(margin)
     return PMLLoss([loss], [miner], hierarchical=True, weights=weights)
 
 
-@LOSSES.register("contrastive")
+@register("contrastive")
 def contrastive(pos_margin: float = 0.0, neg_margin: float = 1.0) -> PMLLoss:
     """Contrastive loss on Euclidean distances of normalised embeddings (PML defaults)."""
     return PMLLoss([pml_losses.ContrastiveLoss(pos_margin=pos_margin, neg_margin=neg_margin)])
 
 
-@LOSSES.register("multi_similarity")
+@register("multi_similarity")
 def multi_similarity(alpha: float = 2.0, beta: float = 50.0, base: float = 0.5, epsilon: float = 0.1) -> PMLLoss:
     """Multi-similarity loss with its miner (Wang et al. 2019; PML defaults)."""
-    return PMLLoss([pml_losses.MultiSimilarityLoss(alpha=alpha, beta=beta, base=base)], [pml_miners.MultiSimilarityMiner(epsilon=epsilon)])
+    return PMLLoss([pml_losses.MultiSimilarityLoss(alpha=alpha, beta=beta, base=base)],
+                   [pml_miners.MultiSimilarityMiner(epsilon=epsilon)])
 
 
-@LOSSES.register("supcon")
+@register("supcon")
 def supcon(temperature: float = 0.1) -> PMLLoss:
     """Supervised contrastive loss (Khosla et al. NeurIPS 2020, Eq. 2, L^sup_out, tau = 0.1):
     ``-1/|P(i)| sum_{p in P(i)} log( exp(z_i . z_p / tau) / sum_{a in A(i)} exp(z_i . z_a / tau) )`` over normalised
@@ -174,44 +180,37 @@ def supcon(temperature: float = 0.1) -> PMLLoss:
     return PMLLoss([pml_losses.SupConLoss(temperature=temperature)])
 
 
-@LOSSES.register("normalized_softmax")
+@register("normalized_softmax", data=PROXIES)
 def normalized_softmax(num_classes: int, embedding_dim: int, temperature: float = 0.05) -> PMLLoss:
     """NSM (Zhai & Wu 2018): softmax over cosine similarities to class proxies / temperature."""
     return proxy_losses(pml_losses.NormalizedSoftmaxLoss, [num_classes], embedding_dim, False, None,
                         temperature=temperature)
 
 
-_PER_LEVEL_PROXIES = {"num_classes": "classes_per_level", "embedding_dim": "embedding_dim"}
-
-
-@LOSSES.register("sum_nsm")
-def sum_nsm(num_classes: Sequence[int], embedding_dim: int, temperature: float = 0.05, weights: Sequence[float] | None = None) -> PMLLoss:
+@register("sum_nsm", data=PER_LEVEL_PROXIES)
+def sum_nsm(num_classes: Sequence[int], embedding_dim: int, temperature: float = 0.05,
+            weights: Sequence[float] | None = None) -> PMLLoss:
     """ΣNSM (TPAMI Table V): one NSM per label level (``num_classes[l]`` proxies), summed."""
     return proxy_losses(pml_losses.NormalizedSoftmaxLoss, num_classes, embedding_dim, True, weights,
                         temperature=temperature)
 
 
-sum_nsm.data_arguments = _PER_LEVEL_PROXIES  # type: ignore[attr-defined]
-
-
-@LOSSES.register("proxy_nca")
+@register("proxy_nca", data=PROXIES)
 def proxy_nca(num_classes: int, embedding_dim: int, softmax_scale: float = 1.0) -> PMLLoss:
     """ProxyNCA as in PML: ``-log softmax(-softmax_scale * ||x - p||^2)`` of the class proxy."""
     return proxy_losses(pml_losses.ProxyNCALoss, [num_classes], embedding_dim, False, None, softmax_scale=softmax_scale)
 
 
-@LOSSES.register("proxy_nca_pp")
+@register("proxy_nca_pp", data=PROXIES)
 def proxy_nca_pp(num_classes: int, embedding_dim: int, temperature: float = 1 / 9) -> PMLLoss:
     """ProxyNCA++ loss (Teh et al. 2020, temperature T = 1/9): PML ProxyNCA with scale 1/T."""
     return proxy_losses(pml_losses.ProxyNCALoss, [num_classes], embedding_dim, False, None,
                         softmax_scale=1.0 / temperature)
 
 
-@LOSSES.register("sum_proxy_nca_pp")
-def sum_proxy_nca_pp(num_classes: Sequence[int], embedding_dim: int, temperature: float = 1 / 9, weights: Sequence[float] | None = None) -> PMLLoss:
+@register("sum_proxy_nca_pp", data=PER_LEVEL_PROXIES)
+def sum_proxy_nca_pp(num_classes: Sequence[int], embedding_dim: int, temperature: float = 1 / 9,
+                     weights: Sequence[float] | None = None) -> PMLLoss:
     """ΣNCA++ (TPAMI Table V): one ProxyNCA++ per label level, summed."""
     return proxy_losses(pml_losses.ProxyNCALoss, num_classes, embedding_dim, True, weights,
                         softmax_scale=1.0 / temperature)
-
-
-sum_proxy_nca_pp.data_arguments = _PER_LEVEL_PROXIES  # type: ignore[attr-defined]

@@ -34,7 +34,7 @@ from torch import nn
 
 from rankopt.losses.baselines import PMLLoss, proxy_losses
 from rankopt.losses.proxy import ProxyDGLoss
-from rankopt.losses.registry import LOSSES
+from rankopt.losses.registry import PROXIES, register
 
 ROW_WEIGHTS = ("proxies",)
 """Class weights stored as rows, ``(C·K, D)``: PML's ProxyAnchor/ProxyNCA, rankopt's ProxyDG."""
@@ -43,14 +43,14 @@ COLUMN_WEIGHTS = ("W", "fc", "weight")
 NormalizedSoftmax, SoftTriple, P2SGrad. Class ``c`` owns columns (rows) ``c·K .. c·K + K - 1``."""
 
 
-@LOSSES.register("arcface")
+@register("arcface", data=PROXIES)
 def arcface(num_classes: int, embedding_dim: int, margin: float = 28.6, scale: float = 64.0) -> PMLLoss:
     """ArcFace (Deng et al. CVPR 2019, Eq. 3): additive angular margin ``margin`` (degrees), scale ``scale``."""
     return proxy_losses(pml_losses.ArcFaceLoss, [num_classes], embedding_dim, False, None, 1.0,
                         margin=margin, scale=scale)
 
 
-@LOSSES.register("subcenter_arcface")
+@register("subcenter_arcface", data=PROXIES)
 def subcenter_arcface(num_classes: int, embedding_dim: int, margin: float = 28.6, scale: float = 64.0,
                       sub_centers: int = 3) -> PMLLoss:
     """Sub-center ArcFace (Deng et al. ECCV 2020): ArcFace over the nearest of ``sub_centers`` weights per class."""
@@ -58,14 +58,14 @@ def subcenter_arcface(num_classes: int, embedding_dim: int, margin: float = 28.6
                         margin=margin, scale=scale, sub_centers=sub_centers)
 
 
-@LOSSES.register("cosface")
+@register("cosface", data=PROXIES)
 def cosface(num_classes: int, embedding_dim: int, margin: float = 0.35, scale: float = 64.0) -> PMLLoss:
     """CosFace (Wang et al. CVPR 2018): additive cosine margin ``margin``, scale ``scale``."""
     return proxy_losses(pml_losses.CosFaceLoss, [num_classes], embedding_dim, False, None, 1.0,
                         margin=margin, scale=scale)
 
 
-@LOSSES.register("proxy_anchor")
+@register("proxy_anchor", data=PROXIES)
 def proxy_anchor(num_classes: int, embedding_dim: int, margin: float = 0.1, alpha: float = 32.0) -> PMLLoss:
     """Proxy-Anchor (Kim et al. CVPR 2020, Eq. 4): margin δ, scale α; proxies at 100 times the model's lr."""
     return proxy_losses(pml_losses.ProxyAnchorLoss, [num_classes], embedding_dim, False, None, 100.0,

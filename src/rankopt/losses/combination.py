@@ -1,21 +1,27 @@
-"""ROD combinations (TPAMI Eq. 2): a rank loss plus a decomposability loss, and their named builds."""
+"""ROD combinations (TPAMI Eq. 2): a rank loss plus a decomposability loss, and their named builds.
+
+A combination's kwargs are ``lam`` and one map per term, keyed by the term's registered name, as for sums
+(:func:`~rankopt.losses.sums.term_maps`)::
+
+    loss.name=roadmap loss.kwargs.lam=0.5 loss.kwargs.sup_ap.tau=0.01 loss.kwargs.calibration.alpha=0.9
+    loss.name=rod_ap loss.kwargs.sup_ap.rho=100 loss.kwargs.proxy_dg.temperature=0.05
+
+The flat spelling (``loss.kwargs.tau=0.01``) is still read, routed by each combination's table
+(:class:`Combination`): no signature is inspected.
+"""
 
 from __future__ import annotations
 
-import inspect
+from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import nn
 
 from rankopt.losses.base import RankLoss
-from rankopt.losses.calibration import CalibrationLoss
-from rankopt.losses.hap import HAPLoss
-from rankopt.losses.ndcg import SupNDCGLoss
-from rankopt.losses.proxy import ProxyDGLoss
-from rankopt.losses.recall import SupRecallLoss
-from rankopt.losses.registry import LOSSES
-from rankopt.losses.sup_ap import SupAPLoss
+from rankopt.losses.registry import LOSSES, PROXIES, register
+from rankopt.losses.sums import term_maps
 from rankopt.losses.terms import record, term_name
 
 
@@ -30,7 +36,8 @@ class ROD(nn.Module):
     rank loss's retrieval set (:meth:`~rankopt.losses.base.RankLoss.can_share`: same similarity, self-inclusion
     and label columns, e.g. ROADMAP's Sup-AP and calibration, or any rank loss with ``L_DG^*``), the inputs are
     checked and the score matrix, levels and masks computed once and handed to both terms; the gradients of the
-    two terms meet on the scores, so the embeddings' product is differentiated once. Otherwise each term runs on its own.
+    two terms meet on the scores, so the embeddings' product is differentiated once. Otherwise each term runs on its
+    own.
     """
 
     def __init__(self, rank_loss: nn.Module, decomposability_loss: nn.Module, lam: float) -> None:
@@ -77,33 +84,62 @@ class ROD(nn.Module):
         return f"lam={self.lam}"
 
 
-def _split_kwargs(rank_cls: type, dg_cls: type, kwargs: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
-    """Route keyword arguments: those named in ``dg_cls.__init__`` (or its ``RankLoss`` base) go to it,
-    the others to the rank loss; shared base options (``similarity``, ``include_self``, ``max_elements``) and
-    options both classes name (``method`` of Sup-AP and calibration) go to both."""
-    dg_names = set(inspect.signature(dg_cls.__init__).parameters) - {"self", "kwargs"}
-    rank_names = set(inspect.signature(rank_cls.__init__).parameters) - {"self", "kwargs"}
-    shared = {"similarity", "include_self", "max_elements"} | (dg_names & rank_names)
-    rank_kw = {k: v for k, v in kwargs.items() if k not in dg_names or k in shared}
-    dg_kw = {k: v for k, v in kwargs.items() if k in dg_names or k in shared}
-    return rank_kw, dg_kw
+SHARED = ("similarity", "include_self", "max_elements")
+"""The retrieval-set options of :class:`~rankopt.losses.base.RankLoss`: a flat one goes to both terms."""
 
 
-def _rod_builder(name: str, rank_cls: type, dg_cls: type, default_lam: float, doc: str) -> None:
-    def build(lam: float = default_lam, **kwargs: Any) -> ROD:
-        rank_kw, dg_kw = _split_kwargs(rank_cls, dg_cls, kwargs)
-        return ROD(rank_cls(**rank_kw), dg_cls(**dg_kw), lam)
+@dataclass(frozen=True)
+class Combination:
+    """A named ROD build ``(1 - lam) rank + lam decomposability`` of two registered losses.
+
+    :meth:`route` gives each term its map (``kwargs[<term name>]``) over the flat keys routed to it:
+    those in ``decomposability_keys`` to the decomposability term, :data:`SHARED` and ``both_keys`` to both
+    terms, all others (e.g. ``tau``, ``rho``) to the rank term. ``ValueError`` for a key given both ways.
+    """
+
+    rank: str
+    decomposability: str
+    lam: float
+    decomposability_keys: tuple[str, ...]
+    both_keys: tuple[str, ...] = ()
+
+    def route(self, kwargs: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+        """The (rank, decomposability) kwargs of ``kwargs`` (``lam`` taken out)."""
+        maps, flat = term_maps((self.rank, self.decomposability), kwargs)
+        both = (*SHARED, *self.both_keys)
+        rank = {k: v for k, v in flat.items() if k not in self.decomposability_keys or k in both}
+        dg = {k: v for k, v in flat.items() if k in self.decomposability_keys or k in both}
+        for term, routed in ((self.rank, rank), (self.decomposability, dg)):
+            if routed.keys() & maps[term].keys():
+                raise ValueError(f"loss.kwargs: {sorted(routed.keys() & maps[term].keys())} given both flat and in "
+                                 f"loss.kwargs.{term}; give each once, in the term's map")
+        return rank | maps[self.rank], dg | maps[self.decomposability]
+
+
+_PROXY_DG_KEYS = ("num_classes", "embedding_dim", "temperature")
+"""The flat keys of :class:`~rankopt.losses.proxy.ProxyDGLoss` (its data arguments among them)."""
+COMBINATIONS: dict[str, Combination] = {}
+"""Registered name -> its combination, e.g. ``COMBINATIONS["roadmap"].route(kwargs)`` for its terms' kwargs."""
+
+
+def _register(name: str, combination: Combination, data: Mapping[str, str] | None, doc: str) -> None:
+    def build(lam: float = combination.lam, **kwargs: Any) -> ROD:
+        rank_kw, dg_kw = combination.route(kwargs)
+        return ROD(LOSSES.build(combination.rank, **rank_kw), LOSSES.build(combination.decomposability, **dg_kw), lam)
 
     build.__name__ = f"build_{name}"
     build.__doc__ = doc
-    dg_params = inspect.signature(dg_cls).parameters
-    build.data_arguments = {arg: source for arg, source in (("num_classes", "classes"), ("embedding_dim", "embedding_dim"))  # type: ignore[attr-defined]
-                            if arg in dg_params}
-    LOSSES.register(name)(build)
+    COMBINATIONS[name] = combination
+    register(name, data=data)(build)
 
 
-_rod_builder("roadmap", SupAPLoss, CalibrationLoss, 0.5, "ROADMAP (NeurIPS 2021 Eq. 2): (1 - lam) Sup-AP + lam calibration, lam = 0.5.")
-_rod_builder("rod_ap", SupAPLoss, ProxyDGLoss, 0.1, "ROADMAP of TPAMI (Eq. 12): (1 - lam) Sup-AP + lam L_DG^*, lam = 0.1; needs num_classes, embedding_dim.")
-_rod_builder("rod_recall", SupRecallLoss, ProxyDGLoss, 0.1, "ROD-R@k (TPAMI Eq. 17 with L_DG^*): lam = 0.1; needs num_classes, embedding_dim.")
-_rod_builder("happier", HAPLoss, ProxyDGLoss, 0.1, "HAPPIER (TPAMI Eq. 22): (1 - lam) Sup-H-AP + lam L_DG^*, lam = 0.1; needs num_classes, embedding_dim.")
-_rod_builder("rod_ndcg", SupNDCGLoss, ProxyDGLoss, 0.1, "ROD-NDCG (TPAMI Eq. 25): (1 - lam) Sup-NDCG + lam L_DG^*, lam = 0.1; needs num_classes, embedding_dim.")
+_register("roadmap", Combination("sup_ap", "calibration", 0.5, ("alpha", "beta", "reduction"), ("method",)), None,
+          "ROADMAP (NeurIPS 2021 Eq. 2): (1 - lam) Sup-AP + lam calibration, lam = 0.5.")
+_register("rod_ap", Combination("sup_ap", "proxy_dg", 0.1, _PROXY_DG_KEYS), PROXIES,
+          "ROADMAP of TPAMI (Eq. 12): (1 - lam) Sup-AP + lam L_DG^*, lam = 0.1; needs num_classes, embedding_dim.")
+_register("rod_recall", Combination("sup_recall", "proxy_dg", 0.1, _PROXY_DG_KEYS), PROXIES,
+          "ROD-R@k (TPAMI Eq. 17 with L_DG^*): lam = 0.1; needs num_classes, embedding_dim.")
+_register("happier", Combination("hap", "proxy_dg", 0.1, _PROXY_DG_KEYS), PROXIES,
+          "HAPPIER (TPAMI Eq. 22): (1 - lam) Sup-H-AP + lam L_DG^*, lam = 0.1; needs num_classes, embedding_dim.")
+_register("rod_ndcg", Combination("sup_ndcg", "proxy_dg", 0.1, _PROXY_DG_KEYS), PROXIES,
+          "ROD-NDCG (TPAMI Eq. 25): (1 - lam) Sup-NDCG + lam L_DG^*, lam = 0.1; needs num_classes, embedding_dim.")

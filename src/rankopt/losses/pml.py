@@ -2,7 +2,7 @@
 ``loss.name=pml:CircleLoss loss.kwargs.m=0.25``.
 
 The keyword arguments go to the class as they are; ``num_classes`` and the embedding size (``embedding_size``,
-``descriptors_dim``) come from the data and the model when the class takes them (:func:`data_arguments`). Such a
+``descriptors_dim``) come from the data and the model for the classes listed in :data:`DATA_ARGUMENTS`. Such a
 loss has class weights: it takes no reference set, and its weights train with ``optim.loss_params``. The others
 are used as pair losses (reference set allowed where PML's class supports ``ref_emb``). PML's own objects
 (``distance``, ``reducer``, ``miner``, ...) cannot come from a config.
@@ -17,10 +17,19 @@ from pytorch_metric_learning import losses as pml_losses
 from pytorch_metric_learning.losses import BaseMetricLossFunction
 
 from rankopt.losses.baselines import PMLLoss
+from rankopt.losses.registry import PROXIES
 
 PREFIX = "pml:"
-_EMBEDDING_SIZE = ("embedding_size", "descriptors_dim")
-"""PML's names for the embedding dimension."""
+
+DATA_ARGUMENTS: dict[str, tuple[str, ...]] = {
+    **dict.fromkeys(("ArcFaceLoss", "CosFaceLoss", "LargeMarginSoftmaxLoss", "NormalizedSoftmaxLoss", "ProxyAnchorLoss",
+                     "ProxyNCALoss", "SoftTripleLoss", "SphereFaceLoss", "SubCenterArcFaceLoss"),
+                    ("num_classes", "embedding_size")),
+    "MarginLoss": ("num_classes",),
+    "P2SGradLoss": ("num_classes", "descriptors_dim"),
+}
+"""PML's losses with class weights -> their names for the number of classes and, when they take it, the embedding
+size (PML 2.x); the others get neither."""
 
 
 _BASES = ("GenericPairLoss",)
@@ -52,10 +61,10 @@ def init_arguments(cls: type) -> list[str]:
 
 
 def data_arguments(class_name: str) -> dict[str, str]:
-    """``{"num_classes": "classes", "embedding_dim": "embedding_dim"}`` for the ones PML's class takes."""
-    taken = init_arguments(loss_class(class_name))
-    sources = {"num_classes": "classes"} if "num_classes" in taken else {}
-    return sources | ({"embedding_dim": "embedding_dim"} if any(n in taken for n in _EMBEDDING_SIZE) else {})
+    """``{"num_classes": "classes", "embedding_dim": "embedding_dim"}``, those of the two that the class takes
+    (:data:`DATA_ARGUMENTS`)."""
+    loss_class(class_name)  # ValueError naming PML's losses
+    return dict(list(PROXIES.items())[: len(DATA_ARGUMENTS.get(class_name, ()))])
 
 
 def pml_loss(class_name: str, *, num_classes: int | None = None, embedding_dim: int | None = None,
@@ -63,9 +72,7 @@ def pml_loss(class_name: str, *, num_classes: int | None = None, embedding_dim: 
     """PML's ``class_name(**kwargs)`` (with ``num_classes`` and the embedding size when it takes them) as a
     :class:`PMLLoss`; ``ValueError`` naming the class and its arguments when they do not fit."""
     cls = loss_class(class_name)
-    taken = init_arguments(cls)
-    data = {"num_classes": num_classes} if "num_classes" in taken else {}
-    data |= {n: embedding_dim for n in _EMBEDDING_SIZE if n in taken}
+    data = dict(zip(DATA_ARGUMENTS.get(class_name, ()), (num_classes, embedding_dim)))
     if None in data.values():
         raise ValueError(f"{PREFIX}{class_name} needs {', '.join(data)} (filled in from the data and the model "
                          "by the trainer)")
@@ -73,7 +80,7 @@ def pml_loss(class_name: str, *, num_classes: int | None = None, embedding_dim: 
         loss = cls(**data, **kwargs)
     except (TypeError, ValueError, AssertionError) as err:
         raise ValueError(f"{PREFIX}{class_name}: keyword arguments {kwargs} do not fit ({err}); it takes "
-                         f"{', '.join(n for n in taken if n not in data)}") from None
+                         f"{', '.join(n for n in init_arguments(cls) if n not in data)}") from None
     weighted = "num_classes" in data
     return PMLLoss([loss], accepts_reference=not weighted, num_classes=[num_classes] if weighted else None,
                    embedding_dim=embedding_dim if weighted else None)

@@ -9,10 +9,10 @@ import torch.nn.functional as F
 from torch import nn
 
 from rankopt.losses.base import RankLoss, RetrievalSet, compute_dtype
-from rankopt.losses.registry import LOSSES
+from rankopt.losses.registry import PROXIES, register
 
 
-@LOSSES.register("proxy_dg")
+@register("proxy_dg", data=PROXIES)
 class ProxyDGLoss(RankLoss):
     """``L_DG^* = -log( exp(v^T p_y / eta) / sum_z exp(v^T p_z / eta) )`` (TPAMI Eq. 8), with ``v``
     and the proxies ``p_z`` L2-normalised, ``y`` the finest label (column 0), ``eta = 0.05``.

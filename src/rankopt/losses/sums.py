@@ -7,6 +7,8 @@ Two spellings of the same terms (:func:`loss_terms`), each term's keyword argume
   (``loss.kwargs.smooth_ap.tau=0.01``);
 * ``loss.terms=[{name: arcface, weight: 1.0, kwargs: {margin: 28.6}}, {name: smooth_ap, weight: 0.5}]``, with
   ``loss.name`` the terms' names joined by ``+`` and ``loss.kwargs`` empty.
+
+A ROD combination (:mod:`rankopt.losses.combination`) keys its two terms' kwargs the same way (:func:`term_maps`).
 """
 
 from __future__ import annotations
@@ -44,13 +46,12 @@ def loss_terms(name: str, kwargs: Mapping[str, Any], listed: Sequence[Mapping[st
                              f"{name!r}) and loss.kwargs empty (got {dict(kwargs)}): each term's kwargs go in its "
                              "own 'kwargs' map")
     elif SEPARATOR in name:
-        found = [LossTerm(part.strip()) for part in name.split(SEPARATOR)]
-        names = [t.name for t in found]
-        stray = [k for k, v in kwargs.items() if k not in names or not isinstance(v, Mapping)]
+        names = [part.strip() for part in name.split(SEPARATOR)]
+        maps, stray = term_maps(names, kwargs)
         if stray or not all(names):
             raise ValueError(f"loss {name!r}: loss.kwargs of a sum maps each term's name ({', '.join(names)}) to its "
                              f"own kwargs, e.g. loss.kwargs.{names[-1]}.<arg>=<value>; got {sorted(stray)}")
-        found = [LossTerm(t.name, 1.0, dict(kwargs.get(t.name) or {})) for t in found]
+        found = [LossTerm(n, 1.0, maps[n]) for n in names]
     else:
         return [LossTerm(name, 1.0, dict(kwargs))]
     names = [t.name for t in found]
@@ -58,6 +59,13 @@ def loss_terms(name: str, kwargs: Mapping[str, Any], listed: Sequence[Mapping[st
     if repeated:
         raise ValueError(f"loss {name!r}: term(s) {repeated} given twice; give each term once, with its weight")
     return found
+
+
+def term_maps(names: Sequence[str], kwargs: Mapping[str, Any]) -> tuple[dict[str, dict[str, Any]], dict[str, Any]]:
+    """Split ``kwargs`` into each term's own map (``kwargs[<term name>]``, a mapping; ``{}`` when absent) and
+    the other keys: ``loss.kwargs.<term>.<arg>=<value>`` for the terms of a sum and of a ROD combination."""
+    own = {k for k, v in kwargs.items() if k in names and isinstance(v, Mapping)}
+    return {n: dict(kwargs[n]) if n in own else {} for n in names}, {k: v for k, v in kwargs.items() if k not in own}
 
 
 class LossSum(nn.Module):

@@ -2,14 +2,9 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import torch
 
 from rankopt.checks import check_embeddings, check_labels
-
-if TYPE_CHECKING:
-    from rankopt.metrics.evaluation import MetricSpec
 
 
 def check_inputs(
@@ -84,12 +79,12 @@ def check_exclusion_groups(
     return check_groups(query_groups, num_queries, "query_groups"), check_groups(ref_groups, num_refs, "ref_groups")
 
 
-def check_ref_block_size(ref_block_size: int, specs: list[MetricSpec], backend: str) -> None:
-    """``ref_block_size`` serves the torch backend's top-k metrics, ``map`` and ``mrr``."""
+def check_ref_block_size(ref_block_size: int, hierarchical: list[str], backend: str) -> None:
+    """``ref_block_size`` serves the torch backend's top-k metrics, ``map`` and ``mrr`` (``hierarchical``: the names of
+    the requested hierarchical metrics, refused)."""
     if ref_block_size < 1:
         raise ValueError(f"ref_block_size must be >= 1, got {ref_block_size}")
     if backend != "torch":
         raise ValueError("ref_block_size needs backend='torch' (faiss holds the whole gallery in its index)")
-    hierarchical = [s.name for s in specs if s.kind == "hierarchical"]
     if hierarchical:
         raise ValueError(f"metrics {hierarchical} need whole rows; evaluate without ref_block_size (--ref-block-size)")

@@ -19,7 +19,7 @@ Conventions (see the metric modules for the formulas):
   every binary metric, the top-k ones included, is a function of the positives' ranks
   ``#{k : s_k >= t_p}``, and no list is built: each rank is counted (a pass over the row per
   positive, no sort) or, for classes larger than ``MAX_COUNTED_POSITIVES``, read by a binary search
-  in the row sorted without indices. On CPU above :data:`TILED_MIN_SCORES` pairs, all binary
+  in the row sorted without indices. On CPU above :data:`~rankopt.kernels.TILED_MIN_SCORES` pairs, all binary
   metrics come from one pass of compiled kernels over tiles of the product
   (:mod:`rankopt.metrics.tiled`). Hierarchical metrics sort each chunk row's values (no indices)
   and rank each query's relevant items in them (the binary ranks then share that sort). The full
@@ -47,9 +47,11 @@ from rankopt.metrics.binary import from_positive_ranks, sorted_positive_scores, 
 from rankopt.metrics.groups import CategoryTotals, ExclusionGroups, category_codes
 from rankopt.metrics.hierarchical import LevelIndex, RankedLevels, hierarchical_metrics
 from rankopt.metrics.ranking import ClassIndex, count_at_least, count_below, list_ranks, sorted_rows
+from rankopt import kernels
+from rankopt.kernels import TILED_MIN_SCORES
 from rankopt.metrics import arguments, tiled
 from rankopt.threads import ThreadPool
-from rankopt.metrics.search import (
+from rankopt.metrics.topk import (
     CHUNK_BUDGET_BYTES,
     chunk_scorer,
     default_chunk_size,
@@ -67,10 +69,8 @@ ALL_METRICS = ("recall@1", "recall@10", "recall@100", "true_recall@10", "precisi
                "map", "mrr", "h-ap", "sum_wap", "asi", "ndcg")  # fmt: skip
 OPTIONS = ("alpha", "weights", "gains")
 MAX_COUNTED_POSITIVES = 32  # above this many positives in a chunk, map/mrr sort the chunk instead
-COUNTED_TOPK_POSITIVES = 16  # method="tiled", top-k metrics alone: counted ranks up to this many positives per query, heaps above (measured crossover)
+COUNTED_TOPK_POSITIVES = 16  # tiled kernels, top-k metrics alone: counted ranks up to this many positives per query, heaps above (measured crossover)
 SELF_BLOCK = 4096  # tile size of the symmetric self-retrieval top-k
-TILED_MIN_SCORES = 2**27  # method="auto": the tiled kernels above this many query-reference pairs (about 11.6k x 11.6k)
-METHODS = ("auto", "tiled", "chunked")
 
 
 @dataclass(frozen=True)
@@ -197,11 +197,11 @@ def evaluate(
     never whole, for sets larger than memory; same results. Top-k metrics, ``map`` and ``mrr``
     (classes of at most :data:`MAX_COUNTED_POSITIVES` items) only.
 
-    ``method``: ``"tiled"`` reads the score matrix once, tile by tile, with compiled kernels
-    (:mod:`rankopt.metrics.tiled`; CPU, binary metrics, ``map``/``mrr`` with classes of at most
-    :data:`MAX_COUNTED_POSITIVES` items); ``"chunked"`` sorts or selects per query chunk with torch;
-    ``"auto"`` takes the tiled kernels where they apply and the work exceeds :data:`TILED_MIN_SCORES`
-    pairs. Both give the same values.
+    ``method`` (:data:`rankopt.kernels.METHODS`; ``"tiled"``/``"chunked"``: earlier names): ``"compiled"`` reads the
+    score matrix once, tile by tile, with compiled kernels (:mod:`rankopt.metrics.tiled`; CPU, binary metrics,
+    ``map``/``mrr`` with classes of at most :data:`MAX_COUNTED_POSITIVES` items); ``"reference"`` sorts or selects
+    per query chunk with torch; ``"auto"`` takes the tiled kernels where they apply and the work reaches
+    :data:`~rankopt.kernels.TILED_MIN_SCORES` pairs. Both give the same values.
     """
     query, q_labels, ref, r_labels = arguments.check_inputs(query_embeddings, query_labels, ref_embeddings, ref_labels)
     unknown = sorted(set(options) - set(OPTIONS))
@@ -220,14 +220,12 @@ def evaluate(
         bad = [s.name for s in specs if s.kind != "topk"]
         raise ValueError(f"backend='faiss' serves top-k metrics only; use backend='torch' for {bad}")
     if ref_block_size is not None:
-        arguments.check_ref_block_size(ref_block_size, specs, backend)
+        arguments.check_ref_block_size(ref_block_size, [s.name for s in specs if s.kind == "hierarchical"], backend)
     groups = arguments.check_exclusion_groups(query_groups, ref_groups, query.shape[0], ref.shape[0], ref_embeddings is None)
     if groups is not None and backend == "faiss":
         raise ValueError("backend='faiss' cannot exclude groups (query_groups); use backend='torch'")
-    if method not in METHODS:
-        raise ValueError(f"unknown method {method!r}; use one of {', '.join(METHODS)}")
-    if method == "tiled" and ref_block_size is not None:
-        raise ValueError("method='tiled' holds the reference set whole; use it without ref_block_size")
+    if kernels.check(method) == "compiled" and ref_block_size is not None:
+        raise ValueError(f"method={method!r} holds the reference set whole; use it without ref_block_size")
 
     self_retrieval = ref_embeddings is None
     dev = torch.device(device) if device is not None else query.device
@@ -415,7 +413,7 @@ class _Context:
 
 
 def _tiled_unavailable(ctx: _Context, query: torch.Tensor, backend: str) -> list[str]:
-    """Why ``method="tiled"`` cannot serve this evaluation (empty: it can)."""
+    """Why the tiled kernels cannot serve this evaluation (empty: they can)."""
     reasons = []
     if backend != "torch":
         reasons.append("backend='torch'")
@@ -439,12 +437,8 @@ def _per_query_metrics(
     """Per-query metric values, chunk after chunk, from the cheapest exact search for the requests."""
     gallery = None if ctx.self_retrieval else ref
     everything = slice(0, query.shape[0])
-    use_tiles = False
-    if method != "chunked":
-        reasons = _tiled_unavailable(ctx, query, backend)
-        if method == "tiled" and reasons:
-            raise ValueError(f"method='tiled' needs {', '.join(reasons)}; use method='chunked' or 'auto'")
-        use_tiles = not reasons and (method == "tiled" or query.shape[0] * ctx.num_refs >= TILED_MIN_SCORES)
+    use_tiles = kernels.use_compiled(method, lambda: _tiled_unavailable(ctx, query, backend),
+                                     work=query.shape[0] * ctx.num_refs, min_work=TILED_MIN_SCORES)
     if use_tiles:
         # with small classes, each positive's rank is counted and every binary metric follows: no top-k lists
         counted = ctx.full_binary or int(ctx.num_pos.max()) <= COUNTED_TOPK_POSITIVES

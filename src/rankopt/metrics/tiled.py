@@ -15,7 +15,7 @@ reordered by finest label so that each block of queries has all its positives in
 range of references, its *positive tile*, computed first: the thresholds are read from it, and
 every later tile of the block holds negatives only. In self-retrieval the blocks end at class
 boundaries, the positive tiles are the diagonal tiles, and each off-diagonal tile serves its rows
-and, transposed, its columns: half the products, as :func:`rankopt.metrics.search.self_topk`.
+and, transposed, its columns: half the products, as :func:`rankopt.metrics.topk.self_topk`.
 
 Threads: each pool thread owns a share of every block's rows, computes its rows of each tile and
 serves them, without waiting for the others (rows are never shared); columns (self-retrieval)
@@ -133,7 +133,7 @@ def tiled_search(
     to one thread (each pool thread computes its own rows of every product) and restored on return.
     ``tile``: default :data:`SELF_COUNT_TILE` in self-retrieval without heaps (``k = 0``), else :data:`TILE`.
     """
-    from rankopt.metrics import _tile_kernels as kernels  # noqa: PLC0415 - numba, imported on first use
+    from rankopt.metrics import _tile_kernels as kernels  # noqa: PLC0415 - numba: 0.3 s import
 
     tile = tile or (SELF_COUNT_TILE if ref is None and k == 0 else TILE)
     self_retrieval = ref is None
@@ -225,7 +225,7 @@ def _pair_counts(state: _State, pool: ThreadPool, blocks: list[tuple[int, int, i
     """Off-diagonal tiles of a symmetric product without heaps (``k = 0``): each thread computes its rows of
     every tile and counts for them and, into a ``(P, N)`` accumulator of its own, for the columns; the
     accumulators are added at the end."""
-    from rankopt.metrics import _tile_kernels as kernels  # noqa: PLC0415
+    from rankopt.metrics import _tile_kernels as kernels  # noqa: PLC0415 - numba: 0.3 s import
 
     num_items, width = state.counts.shape
     thresholds_t = state.thresholds.T.contiguous().numpy()
@@ -267,7 +267,7 @@ class _PairPass:
 
     def serve(self, scores: np.ndarray, rows: slice, cols: slice, product: Callable[[int, int], object]) -> None:
         """The tile ``scores`` of ``rows x cols``; ``product(lo, hi)`` computes its rows ``[lo, hi)``."""
-        from rankopt.metrics import _tile_kernels as kernels  # noqa: PLC0415
+        from rankopt.metrics import _tile_kernels as kernels  # noqa: PLC0415 - numba: 0.3 s import
 
         s, n = self.state, scores.shape[1]
         p = int(s.npos[cols].max()) if s.counts.shape[1] else 0

@@ -23,7 +23,7 @@ import torch.nn.functional as F
 from numpy.typing import ArrayLike
 
 from rankopt.checks import check_embeddings, check_integer
-from rankopt.similarity import SIMILARITIES
+from rankopt.similarity import SIMILARITIES, pairwise
 
 DEFAULT_FARS = (1e-6, 1e-5, 1e-4, 1e-3, 1e-2, 1e-1)
 ROW_CHUNK = 65536  # embedding rows converted to float64 and summed at a time
@@ -244,8 +244,6 @@ def all_pairs_scores(embeddings: torch.Tensor, labels: ArrayLike, similarity: st
     """``(scores (P,) float64, genuine (P,) int64)`` of the ``P = N (N - 1) / 2`` pairs ``i < j`` of a labelled set
     (row-major order), genuine (1) when their finest labels (column 0) are equal, else impostors (0); scores by
     ``rankopt.similarity.pairwise``, at most :data:`MAX_ALL_PAIRS` pairs."""
-    from rankopt.similarity import pairwise
-
     if similarity not in SIMILARITIES:
         raise ValueError(f"unknown similarity {similarity!r}; use one of {', '.join(SIMILARITIES)}")
     y = np.asarray(labels)

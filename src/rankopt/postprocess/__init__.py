@@ -17,6 +17,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from rankopt.models.multiscale import multiscale
 from rankopt.postprocess.expansion import (
     PAPER_ALPHA,
     PAPER_K,
@@ -51,8 +52,6 @@ class PostProcessing:
 
     def wrap_model(self, model: nn.Module) -> nn.Module:
         """The model that embeds with :attr:`scales` (``model`` itself for a single scale)."""
-        from rankopt.models.multiscale import multiscale
-
         return multiscale(model, self.scales)
 
     def whiten(self, embeddings: torch.Tensor) -> torch.Tensor:

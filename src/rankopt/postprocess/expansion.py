@@ -2,7 +2,7 @@
 
 Both replace a vector by the normalised, similarity-weighted sum of itself and its top-``k``
 neighbours (Radenović et al., TPAMI 2018, "α-weighted query expansion"; the α-weighted DBA, ADBA,
-of Revaud et al.'s dirtorch evaluation), found by the exact chunked search :func:`rankopt.metrics.search.chunked_topk` (bounded memory):
+of Revaud et al.'s dirtorch evaluation), found by the exact chunked search :func:`rankopt.metrics.topk.chunked_topk` (bounded memory):
 
 * αQE: ``q' = normalize(q + Σ_{i≤k} max(s_i, 0)^α g_i)`` over the query's top-``k`` gallery items
   ``g_i`` with similarities ``s_i``; a query's own item in the gallery (``exclude``) is never one.
@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 
 from rankopt.checks import check_embeddings
-from rankopt.metrics.search import chunked_topk
+from rankopt.metrics.topk import chunked_topk
 from rankopt.similarity import prepare
 
 PAPER_K = 10

@@ -11,9 +11,8 @@ from __future__ import annotations
 import numba as nb
 import numpy as np
 
-LEVEL_BITS = 8
-MAX_COLUMNS = 1 << (32 - LEVEL_BITS)
-"""Columns (pivots) a row may have: column and level share the low 32 bits of a key."""
+from rankopt.kernels import LEVEL_BITS
+
 BLOCK_KEYS = 1 << 16
 """Keys packed, sorted and walked at once (512 KiB of int64: they stay in L2 from the packing to the walk)."""
 

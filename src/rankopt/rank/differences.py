@@ -51,6 +51,9 @@ def score_differences(
     keep[torch.arange(j.numel(), device=x.device), j] = False
     return diffs[keep]
 
+QUANTILE_INPUT_LIMIT = 1 << 24
+"""Values ``torch.quantile`` takes: :func:`difference_summary` subsamples evenly above."""
+
 
 def difference_summary(diffs: torch.Tensor) -> dict[str, float]:
     """``min``, ``q01`` ... ``q99`` (:data:`QUANTILES`) and ``max`` of ``diffs`` (NaN when empty)."""
@@ -58,8 +61,8 @@ def difference_summary(diffs: torch.Tensor) -> dict[str, float]:
     if diffs.numel() == 0:
         return dict.fromkeys(names, float("nan"))
     d = diffs.double()
-    if d.numel() > 1 << 24:  # torch.quantile's input limit
-        d = d[torch.linspace(0, d.numel() - 1, 1 << 24).long()]
+    if d.numel() > QUANTILE_INPUT_LIMIT:
+        d = d[torch.linspace(0, d.numel() - 1, QUANTILE_INPUT_LIMIT).long()]
     values = [d.min(), *torch.quantile(d, torch.tensor(QUANTILES, dtype=d.dtype, device=d.device)), d.max()]
     return {name: float(v) for name, v in zip(names, values, strict=True)}
 

@@ -12,10 +12,10 @@ surrogate. The per-pivot terms are evaluated for ``C`` queries, ``P`` pivots per
 query (padded) and ``M`` retrieved items — never ``M^3``:
 
 :func:`sigmoid_sums` and :func:`sup_rank_sums` are fused autograd functions: on CPU one compiled pass each way
-(:mod:`rankopt.rank._surrogate_kernels`, :data:`SUM_METHODS`); the reference (``method="torch"``) is evaluated in blocks of
-:data:`KERNEL_BLOCK` elements ``(rows, P, M)`` that stay in cache (:data:`GPU_KERNEL_BLOCK` on a GPU): the values and the derivative are
-computed in place in two reused block buffers, the sums over items and the gradients are batched
-products (``bmm``), and the backward recomputes the derivative block by block: no ``(C, P, M)`` tensor
+(:mod:`rankopt.rank._surrogate_kernels`, ``method`` chosen by :mod:`rankopt.kernels`); the reference is evaluated
+in blocks of :data:`KERNEL_BLOCK` elements ``(rows, P, M)`` that stay in cache (:data:`GPU_KERNEL_BLOCK` on a GPU):
+the values and the derivative are computed in place in two reused block buffers, the sums over items and the
+gradients are batched products (``bmm``), and the backward recomputes the derivative block by block: no ``(C, P, M)`` tensor
 is allocated (fresh pages of such tensors cost more on CPU than the whole recomputation).
 
 Items are split into ``G`` masks (``(C, G, M)``, bool or 0/1 floats, e.g. the negatives, or for
@@ -29,6 +29,7 @@ import math
 
 import torch
 
+from rankopt import kernels
 from rankopt.threads import ThreadPool
 
 KERNEL_BLOCK = 1 << 20
@@ -136,12 +137,12 @@ def _dense_sums(scaled, pivots, weights, cap: float | None, rho_tau: float, star
 def _run_compiled(name: str, scaled: torch.Tensor, pivots: torch.Tensor, weights: torch.Tensor, cap: float | None, *rest) -> None:
     """Call kernel ``name`` of :mod:`rankopt.rank._surrogate_kernels` over the rows in ``torch.get_num_threads()``
     threads; tensors go as numpy views (outputs written in place), ``cap`` (``None``: inf) in the scores' dtype."""
-    from rankopt.rank import _surrogate_kernels as kernels  # noqa: PLC0415 - numba, compiled on first use
+    from rankopt.rank import _surrogate_kernels as compiled  # noqa: PLC0415 - numba: 0.3 s import
 
     arrays = [t.detach().contiguous().numpy() for t in (scaled, pivots, weights)]
-    arrays += [*kernels.exponentials(scaled.detach(), pivots.detach()), arrays[0].dtype.type(math.inf if cap is None else cap)]
+    arrays += [*compiled.exponentials(scaled.detach(), pivots.detach()), arrays[0].dtype.type(math.inf if cap is None else cap)]
     arrays += [arg.numpy() if isinstance(arg, torch.Tensor) else arg for arg in rest]
-    kernel = getattr(kernels, name)
+    kernel = getattr(compiled, name)
     with ThreadPool(torch.get_num_threads()) as pool:
         pool.run(lambda _, first, last: kernel(*arrays, first, last), scaled.shape[0])
 
@@ -162,26 +163,18 @@ def _blocks(scaled: torch.Tensor, pivots: torch.Tensor):
         yield rows, u, other[:count]
 
 
-SUM_METHODS = ("auto", "compiled", "torch")
-"""How :func:`sup_rank_sums` and :func:`sigmoid_sums` are evaluated: ``"compiled"`` (CPU, float32 or float64: one
-numba pass each way, :mod:`rankopt.rank._surrogate_kernels`), ``"torch"`` (dense passes over the ``(C, P, M)``
-blocks, any device: the reference) or ``"auto"`` (compiled where it applies)."""
-
-
 def compiled_sums(method: str, scores: torch.Tensor) -> bool:
-    """Whether ``method`` (:data:`SUM_METHODS`) runs the compiled kernels on these scores; refuses what it cannot run."""
-    if method not in SUM_METHODS:
-        raise ValueError(f"unknown method {method!r}; use one of {', '.join(SUM_METHODS)}")
+    """Whether ``method`` (:func:`rankopt.kernels.use_compiled`) runs the compiled sums (CPU, float32 or float64: one
+    numba pass each way) rather than the reference (dense passes over ``(C, P, M)`` blocks, any device)."""
     applies = scores.device.type == "cpu" and scores.dtype in (torch.float32, torch.float64)
-    if method == "compiled" and not applies:
-        raise ValueError(f"method='compiled' needs float32 or float64 CPU scores, got {scores.dtype} on {scores.device}")
-    return applies and method != "torch"
+    got = f"float32 or float64 CPU scores, got {scores.dtype} on {scores.device}"
+    return kernels.use_compiled(method, lambda: [] if applies else [got])
 
 
 def sigmoid_sums(scores: torch.Tensor, pivot_scores: torch.Tensor, masks: torch.Tensor, tau: float, method: str = "auto") -> torch.Tensor:
     """``(C, P, G)``: ``sum_{k in mask g} sigma((s_k - s_p) / tau)`` (Smooth-AP Eq. 6) for every pivot ``p`` and mask ``g``
     (``scores`` ``(C, M)``, ``pivot_scores`` ``(C, P)``, ``masks`` ``(C, G, M)`` bool or 0/1 floats; ``method``:
-    :data:`SUM_METHODS`). Memory: the ``(C, G, M)`` float masks (``"torch"``: and two blocks of :data:`KERNEL_BLOCK` floats)."""
+    :func:`compiled_sums`). Memory: the ``(C, G, M)`` float masks (reference: and two blocks of :data:`KERNEL_BLOCK` floats)."""
     return _SurrogateSums.apply(scores, pivot_scores, masks, float(tau), None, 0.0, 0.0, compiled_sums(method, scores))
 
 
@@ -199,11 +192,11 @@ def sup_rank_sums(
     """``(C, P, G)``: ``sum_{k in mask g} H^-(s_k - s_p)`` (TPAMI Eq. 5) for every pivot and mask, using
     ``H^-(t) = sigma(min(t, delta) / tau) + start * H(t) + rho * [t - delta]_+`` (= Eq. 4).
 
-    ``method`` (:data:`SUM_METHODS`): ``"compiled"`` evaluates ``H^-`` per pair (float32 rows within
+    ``method`` (:func:`compiled_sums`): the compiled sums evaluate ``H^-`` per pair (float32 rows within
     ``_surrogate_kernels.SPREAD_FLOAT32`` in float32, others in float64; sums in float64) with the dense path's float
-    tests ``s_k >= s_p`` and ``fl(s_k / tau - s_p / tau) > delta / tau``; ``"torch"`` sums the linear branch as
+    tests ``s_k >= s_p`` and ``fl(s_k / tau - s_p / tau) > delta / tau``; the reference sums the linear branch as
     ``rho * (sum s_k - n (s_p + delta))`` over the items beyond ``delta``. Memory: ``(C, G, M)`` float masks
-    (``"torch"``: ``(C, 3G, M)``, masks times scores too, and two blocks of :data:`KERNEL_BLOCK` floats).
+    (reference: ``(C, 3G, M)``, masks times scores too, and two blocks of :data:`KERNEL_BLOCK` floats).
     """
     compiled = compiled_sums(method, scores)
     return _SurrogateSums.apply(scores, pivot_scores, masks, float(tau), float(delta) / float(tau), float(rho) * float(tau), float(start), compiled)
@@ -245,7 +238,8 @@ class Pivots:
 
 def row_counts(mask: torch.Tensor) -> torch.Tensor:
     """``(C,)`` int64: the ``True`` entries of each row of a ``(C, M)`` bool mask, summed as int32 over blocks of
-    :data:`KERNEL_BLOCK` elements (a bool row sum over a whole large matrix is 10-20x slower on CPU)."""
+    :data:`KERNEL_BLOCK` elements (a bool row sum over a whole large matrix is slower on CPU:
+    ``benchmarks/results/losses.md``)."""
     rows = max(1, KERNEL_BLOCK // max(1, mask.shape[1]))
     if mask.shape[0] <= rows:
         return mask.sum(1, dtype=torch.int32).long()
@@ -283,12 +277,6 @@ def has_lower_item(levels: torch.Tensor, valid: torch.Tensor, lowest: torch.Tens
     return valid & (levels > (lowest_levels(levels, valid) if lowest is None else lowest))
 
 
-STEP_COUNT_METHODS = ("auto", "compiled", "torch")
-"""How :func:`level_step_counts` and :func:`level_step_sums` sort: ``"compiled"`` (CPU float32: numpy sort of packed
-keys and a numba walk, rows over ``torch.get_num_threads()`` threads), ``"torch"`` (``torch.sort`` + ``searchsorted``:
-any device and dtype, the reference) or ``"auto"`` (compiled where it applies)."""
-
-
 def level_step_counts(pivot_scores: torch.Tensor, pivot_levels: torch.Tensor, num_levels: int, method: str = "auto") -> torch.Tensor:
     """``N[c, k, m - 1] = sum_j [l_j = m] H(s_j - s_k)`` for ``m = 1..L`` over the pivots ``j`` of row ``c``
     (``k`` itself included: ``H(0) = 1``, pessimistic ties), ``(C, P, L)`` in the scores' dtype, no gradient.
@@ -297,9 +285,9 @@ def level_step_counts(pivot_scores: torch.Tensor, pivot_levels: torch.Tensor, nu
     Each row is sorted once; ``N[c, k]`` is the per-level count from the first sorted position whose
     score is ``>= s_k``: ``O(P log P + P L)`` per row instead of the ``P^2`` comparisons of
     :func:`pairwise_step_counts`. Exact for counts below ``2^24`` (float32). ``method``: one of
-    :data:`STEP_COUNT_METHODS` (same counts; ``"compiled"``: :func:`level_step_sums` with one-hot weights).
+    :func:`compiled_steps` (same counts; compiled: :func:`level_step_sums` with one-hot weights).
     """
-    if _step_compiled(method, pivot_scores, num_levels):
+    if compiled_steps(method, pivot_scores, num_levels):
         one_hot = torch.eye(num_levels, dtype=torch.float64).expand(1, num_levels + 1, num_levels, num_levels)
         return level_step_sums(pivot_scores, pivot_levels, one_hot, method)
     with torch.no_grad():
@@ -316,19 +304,20 @@ def level_step_sums(pivot_scores: torch.Tensor, pivot_levels: torch.Tensor, weig
     ``(C, P, Q)`` in the scores' dtype, no gradient: per-pivot linear maps of the per-level counts whose weights depend
     on the row and the two levels only, e.g. ``rank^+`` (:meth:`Pivots.positive_rank`) or H-AP's ``H-rank^+``
     (TPAMI Eq. 18), without the ``(C, P, L)`` counts. ``weights`` ``(C or 1, L + 1, L, Q)`` (row ``l_k = 0``: padding).
-    ``method`` (:data:`STEP_COUNT_METHODS`): ``"compiled"`` adds the weights in float64 during one walk of each sorted
-    row, ``O(P log P + P (L + 1) Q)`` (sums of counts exact below ``2^24`` in float32); ``"torch"`` weights :func:`level_step_counts` in the scores' dtype.
+    ``method`` (:func:`compiled_steps`): the compiled walk adds the weights in float64 during one walk of each sorted
+    row, ``O(P log P + P (L + 1) Q)`` (sums of counts exact below ``2^24`` in float32); the reference weights
+    :func:`level_step_counts` in the scores' dtype.
     """
     num_rows, num_levels = pivot_scores.shape[0], weights.shape[2]
     if tuple(weights.shape[1:3]) != (num_levels + 1, num_levels) or weights.shape[0] not in (1, num_rows):
         raise ValueError(f"weights must be (C or 1, L + 1, L, Q), got {tuple(weights.shape)} for {num_rows} rows")
     weights = weights.detach().expand(num_rows, *weights.shape[1:])
-    if not _step_compiled(method, pivot_scores, num_levels):
-        counts = level_step_counts(pivot_scores, pivot_levels, num_levels, method="torch")
+    if not compiled_steps(method, pivot_scores, num_levels):
+        counts = level_step_counts(pivot_scores, pivot_levels, num_levels, method="reference")
         index = pivot_levels.long().reshape(num_rows, -1, 1, 1).expand(-1, -1, num_levels, weights.shape[3])
         per_pivot = torch.gather(weights.to(counts), 1, index)  # (C, P, L, Q): the row of each pivot's level
         return (per_pivot * counts.unsqueeze(3)).sum(2)
-    from rankopt.rank import _step_kernels as kernels  # noqa: PLC0415 - numba, compiled on first use
+    from rankopt.rank import _step_kernels as compiled  # noqa: PLC0415 - numba: 0.3 s import
 
     with torch.no_grad():
         bits = pivot_scores.contiguous().view(torch.int32).numpy()
@@ -340,7 +329,7 @@ def level_step_sums(pivot_scores: torch.Tensor, pivot_levels: torch.Tensor, weig
         out = torch.empty(*pivot_scores.shape, weights.shape[3], dtype=pivot_scores.dtype)
         array = out.numpy()
         with ThreadPool(torch.get_num_threads()) as pool:
-            pool.run(lambda _, lo, hi: kernels.step_sums(bits[lo:hi], levels[lo:hi], table[lo:hi], array[lo:hi]), num_rows)
+            pool.run(lambda _, lo, hi: compiled.step_sums(bits[lo:hi], levels[lo:hi], table[lo:hi], array[lo:hi]), num_rows)
         return out
 
 
@@ -350,18 +339,15 @@ def positive_rank_weights(num_levels: int) -> torch.Tensor:
     return (levels[1:] >= levels.unsqueeze(1)).to(torch.float64).view(1, num_levels + 1, num_levels, 1)
 
 
-def _step_compiled(method: str, scores: torch.Tensor, num_levels: int) -> bool:
-    """Whether ``method`` (:data:`STEP_COUNT_METHODS`) runs the compiled walk on these scores (CPU float32, fewer than
-    ``2^24`` pivots and 256 levels: a key packs column and level in 32 bits); refuses what it cannot run."""
-    if method not in STEP_COUNT_METHODS:
-        raise ValueError(f"unknown method {method!r}; use one of {', '.join(STEP_COUNT_METHODS)}")
-    applies = scores.device.type == "cpu" and scores.dtype == torch.float32 and scores.shape[1] < 1 << 24 and num_levels < 256
-    if method == "compiled" and not applies:
-        raise ValueError(
-            f"method='compiled' needs float32 CPU scores, < 2^24 pivots and < 256 levels, got {scores.dtype} on {scores.device}, "
-            f"{scores.shape[1]} pivots, {num_levels} levels"
-        )
-    return applies and method != "torch"
+def compiled_steps(method: str, scores: torch.Tensor, num_levels: int) -> bool:
+    """Whether ``method`` (:func:`rankopt.kernels.use_compiled`) sorts by the compiled walk (CPU float32, fewer than
+    :data:`~rankopt.kernels.MAX_COLUMNS` pivots and :data:`~rankopt.kernels.MAX_LEVELS` levels: numpy sort of packed
+    keys, numba walk) rather than the reference (``torch.sort`` + ``searchsorted``, any device and dtype)."""
+    applies = scores.device.type == "cpu" and scores.dtype == torch.float32
+    applies = applies and scores.shape[1] < kernels.MAX_COLUMNS and num_levels < kernels.MAX_LEVELS
+    got = (f"float32 CPU scores, < 2^24 pivots and < 256 levels, got {scores.dtype} on {scores.device}, "
+           f"{scores.shape[1]} pivots, {num_levels} levels")
+    return kernels.use_compiled(method, lambda: [] if applies else [got])
 
 
 def pairwise_step_counts(pivot_scores: torch.Tensor, item_scores: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
@@ -391,7 +377,7 @@ def sup_negative_rank(
 
     ``active`` ``(C, P)`` bool (optional): the pivots whose mask may be non-empty (:func:`has_lower_item`);
     only they enter the ``(C, A, M)`` kernel, the others get exactly 0. Pays when few pivots have a
-    less relevant item, e.g. a coarsest level shared by the whole batch. ``method``: :data:`SUM_METHODS`.
+    less relevant item, e.g. a coarsest level shared by the whole batch. ``method``: :func:`compiled_sums`.
     """
     kernel = dict(tau=tau, rho=rho, delta=delta, start=start, method=method)
     index, kept = padded_columns(active) if active is not None else (None, None)

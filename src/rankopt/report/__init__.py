@@ -1,6 +1,6 @@
 """Report pages of rankopt runs: self-contained HTML (inline CSS, no JavaScript, no network).
 
-:func:`write_run_report` builds ``RUN/report.html`` from a run folder (read by :mod:`rankopt.report.run_folder`;
+:func:`write_run_report` builds ``RUN/report.html`` from a run folder (read by :mod:`rankopt.report.run_reader`;
 tables in :mod:`~rankopt.report.run_tables`, the loss's surrogate in :mod:`~rankopt.report.loss_surrogates`);
 :mod:`rankopt.report.html` holds the page primitives shared with ``rankopt compare``, whose :func:`compare_runs`
 and :func:`write_comparison` compare groups of runs over seeds (statistics in :mod:`rankopt.report.stats`; text,
@@ -30,7 +30,7 @@ from rankopt.report.html import (
     write_page,
 )
 from rankopt.report.loss_surrogates import surrogates_for
-from rankopt.report.run_folder import RunFolder, read_run
+from rankopt.report.run_reader import RunFolder, read_run
 from rankopt.report.run_report import write_run_report
 from rankopt.report.stats import PairedDifference, Summary, paired_difference, summarize
 

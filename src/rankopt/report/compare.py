@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from rankopt.report.run_folder import RunFolder, is_finite, metric_names, read_run
+from rankopt.report.run_reader import RunFolder, is_finite, metric_names, read_run
 from rankopt.report.stats import PairedDifference, Summary, paired_difference, summarize
 
 __all__ = ["MISSING", "Comparison", "Pairing", "RunRecord", "UnfinishedRunError", "compare_runs", "load_run",
@@ -35,7 +35,7 @@ class UnfinishedRunError(FileNotFoundError):
 
 @dataclass
 class RunRecord(RunFolder):
-    """One finished run folder (:class:`rankopt.report.run_folder.RunFolder`: config as a nested
+    """One finished run folder (:class:`rankopt.report.run_reader.RunFolder`: config as a nested
     dict, report.json, metrics.json history, ...) and the path of its ``retrieval.npz`` (None when absent)."""
 
     retrieval: Path | None = None

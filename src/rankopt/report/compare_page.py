@@ -137,7 +137,7 @@ def write_comparison(comparison: Comparison, out_dir: str | os.PathLike[str], *,
     ``figures/learning_curves.png``, ``figures/retrieval_rows.png`` (``grid_queries`` queries drawn with
     ``query_seed``, top ``grid_top_k`` of each group's first run, or of its run with ``train.seed =
     grid_seed``) and ``compare.html`` into ``out_dir``; returns the paths by name."""
-    from rankopt.viz.comparison import plot_learning_curves_by_group
+    from rankopt.viz.comparison import plot_learning_curves_by_group  # matplotlib (~1.5 s): only when drawn
 
     c, out = comparison, Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)

@@ -47,6 +47,7 @@ def _soft_binning_step(num_bins: int, lo: float, hi: float) -> Callable[[np.ndar
     """Weight with which an item at ``s_j + d`` counts in the binned rank of a positive at
     ``s_j`` (``sum_m c_j(m) * sum_{m' <= m} c_k(m')``, the kernels of
     :func:`rankopt.losses.histogram_ap.soft_histograms`), averaged over ``s_j`` across one bin."""
+    # torch (~2 s) only here: rankopt.report reads run folders without importing it
     import torch
 
     from rankopt.losses.histogram_ap import soft_histograms
@@ -71,9 +72,11 @@ def _soft_binning_step(num_bins: int, lo: float, hi: float) -> Callable[[np.ndar
 def surrogates_for(name: str, kwargs: Mapping[str, Any]) -> SurrogateSpec:
     """The surrogate of the step function used by loss ``name`` with ``kwargs``; defaults
     are read from the signatures of the loss classes (rankopt.losses)."""
+    # torch (~2 s) and matplotlib (~1.5 s) only here: rankopt.report reads run folders without them
     import torch
 
     from rankopt import losses
+    from rankopt.losses.combination import COMBINATIONS
     from rankopt.rank.surrogates import default_delta, heaviside, sup_step
     from rankopt.viz import Surrogate
 
@@ -81,6 +84,8 @@ def surrogates_for(name: str, kwargs: Mapping[str, Any]) -> SurrogateSpec:
         return lambda d: fn(torch.as_tensor(d, dtype=torch.float64)).numpy()
 
     factory = losses.LOSSES.get(name) if name in losses.LOSSES.names() else None
+    if name in COMBINATIONS:  # its rank term's values, given flat or in loss.kwargs.<rank term>
+        kwargs = {**kwargs, **COMBINATIONS[name].route(kwargs)[0]}
     if name in _SIGMOID_LOSSES:
         tau = float({**_defaults(factory), **kwargs}["tau"])
         curve = Surrogate(f"σ(d/τ), τ = {tau:g}", torch_fn(lambda d: torch.sigmoid(d / tau)))

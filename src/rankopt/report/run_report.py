@@ -23,7 +23,7 @@ import numpy as np
 from rankopt import __version__
 from rankopt.report.html import Raw, code, escape, figure, link, note, page, section, write_page
 from rankopt.report.loss_surrogates import surrogates_for
-from rankopt.report.run_folder import RunFolder, read_run
+from rankopt.report.run_reader import RunFolder, read_run
 from rankopt.report.run_tables import column_title, metrics_section, what_was_run
 
 __all__ = ["write_run_report"]
@@ -88,6 +88,7 @@ def _figure_or_note(figs: _Figures, name: str, caption: str, missing: str) -> st
 
 def _training_section(run: RunFolder, figs: _Figures) -> str | None:
     """Loss terms, learning rates and metrics per evaluation; ``None`` for an evaluate run (nothing trained)."""
+    # matplotlib (~1.5 s): only when the figures are drawn
     from rankopt.viz import plot_learning_rates, plot_loss_terms, plot_metric_history
 
     if run.kind == "evaluate":
@@ -134,7 +135,7 @@ def _retrieval_section(run: RunFolder, figs: _Figures) -> str:
 
 
 def _ap_level_section(run: RunFolder, figs: _Figures) -> str:
-    from rankopt.viz import plot_ap_per_level
+    from rankopt.viz import plot_ap_per_level  # matplotlib (~1.5 s): only when the figure is drawn
 
     title, anchor = "AP per label level", "ap-per-level"
     level_names = list((run.report.get("data") or {}).get("level_names") or [])
@@ -156,7 +157,7 @@ def _ap_level_section(run: RunFolder, figs: _Figures) -> str:
 
 
 def _surrogate_section(run: RunFolder, figs: _Figures) -> str:
-    from rankopt.viz import plot_surrogates
+    from rankopt.viz import plot_surrogates  # matplotlib (~1.5 s): only when the figure is drawn
 
     loss = run.report.get("loss") or {}
     name = loss.get("name") or run.setting("loss.name")

@@ -8,7 +8,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from rankopt.report.html import Raw, code, columns, key_values, note, section, table
-from rankopt.report.run_folder import RunFolder, is_finite, metric_names
+from rankopt.report.run_reader import RunFolder, is_finite, metric_names
 
 
 def _fmt_seconds(seconds: Any) -> str | None:

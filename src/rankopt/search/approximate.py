@@ -2,8 +2,8 @@
 
 ``faiss.index_factory(dim, spec, metric)`` with ``METRIC_INNER_PRODUCT`` for ``cosine`` (on
 L2-normalised vectors) and ``dot``, ``METRIC_L2`` for ``neg_l2``; inputs and scores as the exact
-faiss path of the metrics (:func:`rankopt.metrics.search.faiss_input`, :func:`faiss_scores`).
-faiss is imported lazily: it is optional.
+faiss path of the metrics (:func:`rankopt.metrics.topk.faiss_input`, :func:`faiss_scores`).
+faiss is optional (:func:`rankopt.search.extras.import_faiss`). :class:`Faiss` is the search backend.
 """
 
 from __future__ import annotations
@@ -14,8 +14,11 @@ from typing import Any
 
 import torch
 
-from rankopt.engine.logging import progress
-from rankopt.metrics.search import chunked_topk, faiss_input, faiss_scores
+from rankopt.console import echo, progress
+from rankopt.metrics.topk import chunked_topk, faiss_input, faiss_scores
+from rankopt.search.backend import Backend, Gallery, Hits
+from rankopt.search.extras import import_faiss
+from rankopt.search.record import FaissEntry
 
 TRAINING_POINTS_PER_CENTROID = 39
 """faiss's rule of thumb (its k-means warns below it): at least 39 training vectors per centroid."""
@@ -23,12 +26,41 @@ RECALL_QUERIES = 1000
 ADD_BATCH = 65536
 
 
-def import_faiss() -> Any:
-    try:
-        import faiss  # optional dependency, imported lazily
-    except ImportError as err:  # pragma: no cover - depends on the environment
-        raise ImportError("faiss indexes need faiss: pip install faiss-cpu (or faiss-gpu)") from err
-    return faiss
+class Faiss(Backend):
+    """Search through a faiss index (:attr:`index`) described by ``entry``; rebuilt on the gallery's vectors
+    after a removal or re-embedding (its training kept), its recall measured again after each change."""
+
+    def __init__(self, index: Any, entry: FaissEntry, similarity: str) -> None:
+        self.index, self.entry, self.similarity = index, entry, similarity
+
+    @classmethod
+    def build(cls, gallery: Gallery, spec: str, params: str | None, *, show_progress: bool = True) -> Faiss:
+        """A faiss index of the gallery's vectors from the factory string ``spec`` (see :func:`build`)."""
+        backend = cls(build(gallery.embeddings, spec, gallery.similarity, params, show_progress=show_progress),
+                      FaissEntry(spec, params), gallery.similarity)
+        backend.measure(gallery)
+        return backend
+
+    def describe(self) -> str:
+        return f"faiss {self.entry.spec}"
+
+    def search(self, gallery: Gallery, queries: torch.Tensor, k: int, filter: Any = None) -> Hits:
+        return search(self.index, queries, k, self.similarity)
+
+    def changed(self, gallery: Gallery, added: int = 0) -> None:
+        if added:
+            add(self.index, gallery.embeddings[-added:], self.similarity, show_progress=False)
+        else:
+            self.index = rebuilt(self.index, gallery.embeddings, self.similarity, self.entry.params)
+        self.measure(gallery)
+
+    def measure(self, gallery: Gallery) -> None:
+        """recall@10 vs exact search of an approximate index (not of a flat one), printed and stored in ``entry``."""
+        if isinstance(self.index, import_faiss().IndexFlat) or len(gallery.embeddings) < 2:
+            return
+        recall = self.entry.recall = measure_recall(self.index, gallery.embeddings, self.similarity)
+        echo(f"faiss {self.entry.spec}: recall@{recall['k']} vs exact = {recall['value']:.3f} "
+             f"on {recall['queries']} queries")
 
 
 def build(vectors: torch.Tensor, spec: str, similarity: str, params: str | None = None, *,

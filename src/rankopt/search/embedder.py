@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import functools
 import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -23,16 +24,17 @@ import torch
 from torch import nn
 
 from rankopt.data.base import RetrievalDataset
+from rankopt.data.image_folder import folder_dataset, images_dataset
 from rankopt.engine.assembly import (
     inference_preprocessing,
     model_from_checkpoint,
     resolve_device,
 )
-from rankopt.engine.evaluation import EmbeddedSplit, embed_dataset
-from rankopt.engine.run_folder import model_info
-from rankopt.export.runtime import OnnxNet
+from rankopt.engine.embed_and_score import EmbeddedSplit, embed_dataset
+from rankopt.describe import model_info
+from rankopt.export.onnx_net import OnnxNet
 from rankopt.models.fingerprint import model_fingerprint
-from rankopt.postprocess import MULTISCALE_KEY, WHITENING_KEY, PostProcessing
+from rankopt.postprocess import MULTISCALE_KEY, WHITENING_KEY, PostProcessing, Whitening
 
 ImageSource = RetrievalDataset | str | os.PathLike[str] | Sequence[str | os.PathLike[str]]
 """A dataset, an image file or folder, or a list of them."""
@@ -41,7 +43,7 @@ ImageSource = RetrievalDataset | str | os.PathLike[str] | Sequence[str | os.Path
 def transform_from_preprocessing(preprocessing: Mapping[str, Any]) -> Callable[..., torch.Tensor]:
     """The test transform named by ``preprocessing`` (``{"transform": PRESET, "image_size": PX}``,
     as :func:`rankopt.engine.assembly.inference_preprocessing` writes it)."""
-    from rankopt.data.transforms import build_transform
+    from rankopt.data.transforms import build_transform  # lazy: kornia adds ~0.2 s to importing search
 
     if "transform" not in preprocessing:
         raise ValueError(f"preprocessing {dict(preprocessing)} names no transform preset (key 'transform'); "
@@ -91,7 +93,7 @@ class Embedder:
     @classmethod
     def from_onnx(cls, path: str | os.PathLike[str], *, device: str = "auto", threads: int | None = None,
                   **options: Any) -> Embedder:
-        """An ONNX model exported by ``rankopt export`` (:class:`rankopt.export.runtime.OnnxNet`, onnxruntime with
+        """An ONNX model exported by ``rankopt export`` (:class:`rankopt.export.onnx_net.OnnxNet`, onnxruntime with
         ``threads`` intra-op threads on ``device``), with the test transform and the fingerprint stored in it:
         those of its checkpoint, so their embeddings are interchangeable."""
         net = OnnxNet(path, device=device, threads=threads)
@@ -143,20 +145,38 @@ class Embedder:
         raise ValueError(f"the model's fingerprint {self.fingerprint} is not the fingerprint {fingerprint} of "
                          f"{what}: {cause}; its embeddings are not comparable")
 
+    @functools.cached_property
+    def network(self) -> nn.Module:
+        """The model with the multi-scale step of :attr:`post` (its whitening is applied to the outputs)."""
+        return self.model if self.post is None else self.post.wrap_model(self.model)
+
     def embed(self, images: ImageSource, *, desc: str = "embedding") -> EmbeddedSplit:
         """Embeddings ``(N, D)`` of ``images`` (a dataset is embedded with this embedder's transform)."""
         dataset = as_dataset(images, self.transform)
-        model = self.model if self.post is None else self.post.wrap_model(self.model)
-        split = embed_dataset(model, dataset, batch_size=self.batch_size, device=self.device,
+        split = embed_dataset(self.network, dataset, batch_size=self.batch_size, device=self.device,
                               num_workers=self.num_workers, show_progress=self.progress, desc=desc)
         if self.post is not None:
             split.embeddings = self.post.whiten(split.embeddings)
         return split
 
+    @torch.inference_mode()
+    def embed_batch(self, images: torch.Tensor) -> torch.Tensor:
+        """``(B, 3, H, W)`` images already transformed -> ``(B, D)`` embeddings, as :meth:`embed` makes them
+        (the model as it is: in eval mode for a service)."""
+        out = self.network(images.to(self.device)).float().cpu()
+        return out if self.post is None else self.post.whiten(out)
+
 
 def base_preprocessing(preprocessing: Mapping[str, Any]) -> dict[str, Any]:
     """``preprocessing`` without the post-processing entries (what a checkpoint's config gives)."""
     return {k: v for k, v in preprocessing.items() if k not in (MULTISCALE_KEY, WHITENING_KEY)}
+
+
+def stored_post(preprocessing: Mapping[str, Any], whitening: Whitening | None) -> PostProcessing | None:
+    """The multi-scale and whitening steps of a stored embedding pipeline (its ``preprocessing`` names the
+    scales), or ``None``."""
+    scales = preprocessing.get(MULTISCALE_KEY)
+    return PostProcessing(tuple(scales) if scales else None, whitening) if scales or whitening is not None else None
 
 
 def as_dataset(images: ImageSource, transform: Callable[..., torch.Tensor], *,
@@ -166,8 +186,6 @@ def as_dataset(images: ImageSource, transform: Callable[..., torch.Tensor], *,
     Image files and folders are unlabelled (``rankopt.data.image_folder.images_dataset``), except one
     folder with ``class_tree``: labelled by its class folders (``image_folder.folder_dataset``).
     """
-    from rankopt.data.image_folder import folder_dataset, images_dataset
-
     if isinstance(images, RetrievalDataset):
         dataset = copy.copy(images)
         dataset.transform = transform

@@ -1,6 +1,6 @@
 """A searchable gallery of embeddings made by one model: build, search, add, remove, update, save, load.
 
-Exact search by default (:func:`rankopt.metrics.search.chunked_topk`: chunked matrix products,
+Exact search by default (:mod:`rankopt.search.backend`: chunked matrix products,
 bounded memory, CPU or CUDA); faiss indexes for large galleries from faiss's factory strings
 (``"Flat"``, ``"IVF4096,PQ64"``, ``"HNSW32"``), their recall@10 against exact search measured when
 built. Every index carries the ``fingerprint`` of the model and preprocessing its embeddings were
@@ -27,6 +27,7 @@ import os
 from collections.abc import Iterator, Mapping, Sequence
 from datetime import datetime, timezone
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any
 
 import numpy as np
@@ -34,15 +35,17 @@ import torch
 from torch import nn
 
 from rankopt import checks
-from rankopt.engine.logging import echo
-from rankopt.metrics.search import chunked_topk
-from rankopt.postprocess import MULTISCALE_KEY, Expansion, PostProcessing, alpha_query_expansion, database_augmentation
-from rankopt.search import approximate, qdrant, storage
-from rankopt.search.embedder import Embedder, ImageSource, as_dataset, base_preprocessing
-from rankopt.search.items import Items, changed_files, crop_dataset, dataset_items
+from rankopt.postprocess import Expansion, PostProcessing, alpha_query_expansion, database_augmentation
+from rankopt.search import storage
+from rankopt.search.approximate import Faiss
+from rankopt.search.backend import Backend, Exact, exact_search
+from rankopt.search.embedder import Embedder, ImageSource, as_dataset, base_preprocessing, stored_post
+from rankopt.search.items import IndexItems, changed_files, crop_dataset, dataset_items
 from rankopt.search.labels import (default_level_names, dataset_label_names, label_texts, labels_of_paths,
                                    merge_labels)
 from rankopt.search.metadata import LABEL_KEY, Columns, Filter, MetadataSource, aligned_columns, filter_mask
+from rankopt.search.qdrant import Qdrant
+from rankopt.search.record import IndexInfo
 from rankopt.search.result import LabelNames, SearchResult
 from rankopt.similarity import SIMILARITIES
 
@@ -51,23 +54,23 @@ Embeddings = torch.Tensor | np.ndarray
 
 class Index:
     """Embeddings ``(N, D)`` of a gallery with their labels ``(N, L)`` (``-1``: unknown), items (stable ids,
-    paths, metadata: :class:`~rankopt.search.items.Items`) and the fingerprint of the model that made them;
-    searched exactly, or through a faiss index when built with one.
+    paths, metadata: :class:`~rankopt.search.items.IndexItems`) and the fingerprint of the model that made them;
+    searched by its :attr:`searcher` (:mod:`rankopt.search.backend`: exact, faiss or Qdrant).
 
     Build with :meth:`build` (a model and images) or :meth:`from_embeddings`; change with :meth:`add`,
     :meth:`remove`, :meth:`update`; persist with :meth:`save` / :meth:`load` (or :meth:`editing`).
     """
 
-    def __init__(self, embeddings: torch.Tensor, labels: torch.Tensor, items: Items | Sequence[str] | None, *,
+    def __init__(self, embeddings: torch.Tensor, labels: torch.Tensor, items: IndexItems | Sequence[str] | None, *,
                  fingerprint: str, preprocessing: Mapping[str, Any], similarity: str,
                  level_names: Sequence[str] = ("class",), label_names: LabelNames | None = None,
-                 faiss_index: Any = None, info: Mapping[str, Any] | None = None, embedder: Embedder | None = None,
+                 faiss_index: Any = None, record: IndexInfo | None = None, embedder: Embedder | None = None,
                  post: PostProcessing | None = None) -> None:
         if similarity not in SIMILARITIES:
             raise ValueError(f"unknown similarity {similarity!r}; use one of {', '.join(SIMILARITIES)}")
         self.embeddings = embeddings
         self.labels = labels
-        self.items = items if isinstance(items, Items) else Items.new(int(embeddings.shape[0]), items)
+        self.items = items if isinstance(items, IndexItems) else IndexItems.new(int(embeddings.shape[0]), items)
         if len(self.items) != embeddings.shape[0]:
             raise ValueError(f"{len(self.items)} items for {embeddings.shape[0]} embeddings")
         self.fingerprint = fingerprint
@@ -75,11 +78,12 @@ class Index:
         self.similarity = similarity
         self.level_names = tuple(level_names)
         self.label_names = label_names
-        self.faiss_index = faiss_index
-        self.info: dict[str, Any] = dict(info or {})
-        """``checkpoint``, ``model`` (summary), ``faiss`` (spec, params, recall), ``dba`` (k, alpha), ``created_utc``,
-        ``threshold``, ``uid`` and ``version`` (of the folder it was loaded from,
-        :func:`rankopt.search.storage.identity`)."""
+        self.record = record or IndexInfo()
+        """Its provenance and backend settings as ``index.json`` stores them."""
+        self.searcher: Backend = (Qdrant(self.record.qdrant) if self.record.qdrant else
+                                  Faiss(faiss_index, self.record.faiss, similarity) if faiss_index is not None else
+                                  Exact())
+        """How it is searched (:meth:`_with_faiss` and :func:`rankopt.search.qdrant.attach` choose another)."""
         self.embedder = embedder
         self.post = post
         """The multi-scale and whitening steps of the embedding pipeline (applied to image queries too)."""
@@ -119,15 +123,15 @@ class Index:
         embedder = embedder.with_postprocessing(postprocessing)
         dataset = as_dataset(images_or_dataset, embedder.transform, class_tree=True)
         split = embedder.embed(dataset)
-        info: dict[str, Any] = {"checkpoint": embedder.checkpoint, "model": embedder.summary}
+        record = IndexInfo(checkpoint=embedder.checkpoint, model=embedder.summary)
         vectors = split.embeddings
         if postprocessing is not None and postprocessing.dba is not None:
             vectors = database_augmentation(vectors, postprocessing.dba, similarity=similarity)
-            info["dba"] = dataclasses.asdict(postprocessing.dba)
-        items = Items.new(len(split.paths), split.paths, **dataset_items(dataset, split.paths, metadata))
+            record.dba = dataclasses.asdict(postprocessing.dba)
+        items = IndexItems.new(len(split.paths), split.paths, **dataset_items(dataset, split.paths, metadata))
         index = cls(vectors, split.labels, items, fingerprint=embedder.fingerprint,
                     preprocessing=embedder.preprocessing, similarity=similarity, level_names=dataset.level_names,
-                    label_names=dataset_label_names(dataset), info=info, embedder=embedder, post=embedder.post)
+                    label_names=dataset_label_names(dataset), record=record, embedder=embedder, post=embedder.post)
         return index._with_faiss(faiss, faiss_params, progress)
 
     @classmethod
@@ -148,31 +152,20 @@ class Index:
         if len(names) != y.shape[1]:
             raise ValueError(f"{len(names)} level names for labels with {y.shape[1]} levels")
         columns, _ = aligned_columns(metadata, item_paths, x.shape[0])
-        items = Items.new(x.shape[0], item_paths, ids=ids, metadata=columns)
+        items = IndexItems.new(x.shape[0], item_paths, ids=ids, metadata=columns)
         index = cls(x, y, items, fingerprint=fingerprint, preprocessing=preprocessing or {},
                     similarity=similarity, level_names=names, label_names=label_names)
         return index._with_faiss(faiss, faiss_params, progress)
 
     def _with_faiss(self, spec: str | None, params: str | None, show_progress: bool) -> Index:
-        self.info.setdefault("created_utc", f"{datetime.now(timezone.utc):%Y-%m-%d %H:%M:%S UTC}")
+        self.record.created_utc = self.record.created_utc or f"{datetime.now(timezone.utc):%Y-%m-%d %H:%M:%S UTC}"
         if spec is None:
             if params is not None:
                 raise ValueError("faiss_params given without a faiss index spec")
             return self
-        self.faiss_index = approximate.build(self.embeddings, spec, self.similarity, params, show_progress=show_progress)
-        self.info["faiss"] = {"spec": spec, "params": params, "recall": None}
-        self._measure_recall()
+        self.searcher = Faiss.build(self, spec, params, show_progress=show_progress)
+        self.record.faiss = self.searcher.entry
         return self
-
-    def _measure_recall(self) -> None:
-        """recall@10 vs exact search of an approximate faiss index (not of a flat one), printed and stored."""
-        faiss = approximate.import_faiss()
-        if isinstance(self.faiss_index, faiss.IndexFlat) or len(self) < 2:
-            return
-        recall = approximate.measure_recall(self.faiss_index, self.embeddings, self.similarity)
-        self.info["faiss"]["recall"] = recall
-        echo(f"faiss {self.info['faiss']['spec']}: recall@{recall['k']} vs exact = {recall['value']:.3f} "
-             f"on {recall['queries']} queries")
 
     # ------------------------------------------------------------------ properties
     def __len__(self) -> int:
@@ -181,6 +174,21 @@ class Index:
     @property
     def dim(self) -> int:
         return int(self.embeddings.shape[1])
+
+    @property
+    def info(self) -> Mapping[str, Any]:
+        """:attr:`record` as ``index.json`` holds it (a read-only view)."""
+        return MappingProxyType(self.record.to_json())
+
+    @property
+    def faiss_index(self) -> Any:
+        """The faiss index it is searched through, or ``None``."""
+        return self.searcher.index if isinstance(self.searcher, Faiss) else None
+
+    @property
+    def device(self) -> torch.device:
+        """Where the exact search runs: the embedder's device, else the CPU."""
+        return self.embedder.device if self.embedder is not None else torch.device("cpu")
 
     @property
     def ids(self) -> list[str]:
@@ -200,20 +208,18 @@ class Index:
     def threshold(self) -> dict[str, Any] | None:
         """The calibrated threshold (``value``, ``fmr``, ``fnmr``, ``dataset``, ``split``, ... of
         :func:`rankopt.search.threshold.calibrate`) or ``None``; set it with :meth:`set_threshold`."""
-        return self.info.get("threshold")
+        return self.record.threshold
 
     def set_threshold(self, threshold: Mapping[str, Any] | None) -> None:
         """Store a threshold (a mapping with a finite ``value``; ``None`` removes it)."""
         if threshold is not None and not np.isfinite(float(threshold.get("value", np.nan))):
             raise ValueError(f"a threshold needs a finite 'value', got {threshold!r}")
-        self.info["threshold"] = None if threshold is None else dict(threshold)
+        self.record.threshold = None if threshold is None else dict(threshold)
 
     @property
     def backend(self) -> str:
         """``"exact"``, ``"faiss <spec>"`` or ``"qdrant <collection> (<where>)"``."""
-        if self.info.get("qdrant"):
-            return qdrant.describe(self.info["qdrant"])
-        return f"faiss {self.info['faiss']['spec']}" if self.faiss_index is not None else "exact"
+        return self.searcher.describe()
 
     def __repr__(self) -> str:
         return (f"Index({len(self)} items, dim={self.dim}, {self.similarity}, {self.backend}, "
@@ -273,21 +279,11 @@ class Index:
         kept = min(k, candidates)
         note = "" if kept == k else (f"k={k} capped to {kept}: the index holds {len(self)} items" if keep is None else
                                      f"k={k} capped to {kept}: the filter keeps {keep.size} of {len(self)} items")
-        # exact, the filter as a payload filter; None: the collection holds another version (exact search here)
-        hits = qdrant.search(self, q, kept, filter) if kept and self.info.get("qdrant") and self.folder else None
         if kept == 0:  # the filter keeps nothing
             scores, rows = torch.empty((q.shape[0], 0)), torch.empty((q.shape[0], 0), dtype=torch.long)
-        elif hits is not None:
-            scores, rows = hits
-        elif self.faiss_index is not None and keep is None:
-            scores, rows = approximate.search(self.faiss_index, q, kept, self.similarity)
-        else:
-            device = self.embedder.device if self.embedder is not None else torch.device("cpu")
-            gallery = self.embeddings if keep is None else self.embeddings[torch.from_numpy(keep)]
-            scores, rows = chunked_topk(q.to(device), gallery.to(device), kept, similarity=self.similarity)
-            scores, rows = scores.cpu(), rows.cpu()
-            if keep is not None:
-                rows = torch.from_numpy(keep)[rows]
+        else:  # a filter the backend cannot apply, or a backend that cannot answer: exact search
+            hits = self.searcher.search(self, q, kept, filter) if keep is None or self.searcher.filters else None
+            scores, rows = hits if hits is not None else exact_search(self, q, kept, keep)
         return self._result(scores.float(), rows, query_paths, query_labels, note)
 
     def _filter_mask(self, filter: Filter) -> np.ndarray:
@@ -326,8 +322,8 @@ class Index:
             embedder = Embedder.from_checkpoint(checkpoint, **options)
         elif self.embedder is not None and not options:
             embedder = self.embedder
-        elif self.info.get("checkpoint"):
-            path = Path(self.info["checkpoint"])
+        elif self.record.checkpoint:
+            path = Path(self.record.checkpoint)
             if not path.is_file():
                 raise FileNotFoundError(f"the index's checkpoint {str(path)!r} does not exist: pass checkpoint= "
                                         "(--checkpoint or --onnx on the command line) to embed images")
@@ -375,13 +371,10 @@ class Index:
             raise ValueError(f"the added embeddings have dimension {x.shape[1]} but the index holds {self.dim}-d ones")
         items = self.items.extended(x.shape[0], new_paths, **new_items)
         y = merge_labels(y, names, self.label_names, self.labels.shape[1])
-        if self.faiss_index is not None:
-            approximate.add(self.faiss_index, x, self.similarity, show_progress=False)
         self.embeddings = torch.cat([self.embeddings, x])
         self.labels = torch.cat([self.labels, y])
         self.items = items
-        if self.faiss_index is not None:
-            self._measure_recall()
+        self.searcher.changed(self, added=x.shape[0])
         return self
 
     def remove(self, ids: Sequence[str] = (), paths: Sequence[str] = ()) -> list[str]:
@@ -415,65 +408,40 @@ class Index:
         return result
 
     def _keep(self, rows: np.ndarray) -> None:
-        """Keep the items at ``rows`` (sorted), the faiss index rebuilt on them (its training kept)."""
+        """Keep the items at ``rows`` (sorted), the backend in step with them."""
         take = torch.from_numpy(rows)
         self.embeddings, self.labels, self.items = self.embeddings[take], self.labels[take], self.items.selected(rows)
-        if self.faiss_index is not None:
-            self.faiss_index = approximate.rebuilt(self.faiss_index, self.embeddings, self.similarity,
-                                                   self.info["faiss"].get("params"))
-            self._measure_recall()
+        self.searcher.changed(self)
 
     def _require_independent(self, what: str) -> None:
         """Refuse a change to an index built with DBA: each vector depends on its neighbours (rebuild it)."""
-        if self.info.get("dba"):
-            raise ValueError(f"this index was built with database-side augmentation (DBA {self.info['dba']}): each "
+        if self.record.dba:
+            raise ValueError(f"this index was built with database-side augmentation (DBA {self.record.dba}): each "
                              f"vector depends on its neighbours, so {what}; rebuild the index")
 
     # ------------------------------------------------------------------ persistence
     def save(self, directory: str | os.PathLike[str]) -> Path:
         """Write the index folder (see :mod:`rankopt.search.storage`) atomically, as its next version."""
-        from rankopt import __version__
-
-        info = {"format": storage.FORMAT, "format_version": storage.FORMAT_VERSION, "rankopt_version": __version__,
-                "fingerprint": self.fingerprint, "preprocessing": self.preprocessing, "similarity": self.similarity,
-                "dim": self.dim, "count": len(self), "checkpoint": self.info.get("checkpoint"),
-                "model": self.info.get("model"), "faiss": self.info.get("faiss"), "qdrant": self.info.get("qdrant"),
-                "dba": self.info.get("dba"), "created_utc": self.info.get("created_utc"), "threshold": self.threshold,
-                "next_id": self.items.next_id, "metadata_columns": sorted(self.metadata)}
         items = {**self.items.to_json(), "level_names": list(self.level_names), "label_names": self.label_names}
-        whitening = None if self.post is None else self.post.whitening
-        with qdrant.kept_in_step(self, directory):  # a Qdrant collection synced after the folder is written
-            folder = storage.write(directory, storage.StoredIndex(self.embeddings, self.labels, info, items,
-                                                                  self.faiss_index, whitening))
-            (self.info["uid"], self.info["version"]), self.folder = storage.identity(folder), folder
+        stored = storage.StoredIndex(self.embeddings, self.labels, self.fingerprint, self.similarity,
+                                     self.preprocessing, self.record, items, self.items.next_id, self.faiss_index,
+                                     None if self.post is None else self.post.whitening)
+        with self.searcher.saving(self, directory):  # e.g. a Qdrant collection synced after the folder is written
+            folder = storage.write(directory, stored)
+            (self.record.uid, self.record.version), self.folder = storage.identity(folder), folder
         return folder
 
     @classmethod
     def load(cls, directory: str | os.PathLike[str]) -> Index:
         """Read an index folder written by :meth:`save`, validating every file."""
         stored = storage.read(directory)
-        items_json = Path(directory) / str(stored.info.get("data", "")) / storage.ITEMS_JSON
-        level_names = stored.items.get("level_names") or default_level_names(stored.labels.shape[1])
-        label_names = stored.items.get("label_names")
-        if len(level_names) != stored.labels.shape[1] or (label_names is not None and len(label_names) != len(level_names)):
-            raise ValueError(f"{items_json}: {len(level_names)} level names for labels with "
-                             f"{stored.labels.shape[1]} levels")
-        if label_names is not None and len(stored.labels):
-            top = stored.labels.max(dim=0).values.tolist()
-            for level, (names, largest) in enumerate(zip(label_names, top)):
-                if largest >= len(names):
-                    raise ValueError(f"{items_json}: {len(names)} label names at level "
-                                     f"{level} but {storage.EMBEDDINGS} uses label {largest}")
-        items = Items.from_json(stored.items, stored.labels.shape[0], stored.info.get("next_id"), str(items_json))
-        info = {key: stored.info.get(key) for key in ("checkpoint", "model", "faiss", "qdrant", "dba", "created_utc",
-                                                      "threshold", "uid", "version")}
-        preprocessing = stored.info.get("preprocessing") or {}
-        scales = preprocessing.get(MULTISCALE_KEY)
-        post = (PostProcessing(tuple(scales) if scales else None, stored.whitening)
-                if scales or stored.whitening is not None else None)
-        index = cls(stored.embeddings, stored.labels, items, fingerprint=stored.info["fingerprint"],
-                    preprocessing=preprocessing, similarity=stored.info["similarity"], level_names=level_names,
-                    label_names=label_names, faiss_index=stored.faiss_index, info=info, post=post)
+        items_json = Path(directory) / stored.data / storage.ITEMS_JSON
+        items = IndexItems.from_json(stored.items, stored.labels.shape[0], stored.next_id, str(items_json))
+        index = cls(stored.embeddings, stored.labels, items, fingerprint=stored.fingerprint,
+                    preprocessing=stored.preprocessing, similarity=stored.similarity,
+                    level_names=stored.items["level_names"], label_names=stored.items.get("label_names"),
+                    faiss_index=stored.faiss_index, record=stored.info,
+                    post=stored_post(stored.preprocessing, stored.whitening))
         index.folder = Path(directory)
         return index
 

@@ -15,11 +15,14 @@ import hashlib
 import os
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from rankopt.search.metadata import Columns, merged
+from rankopt.console import echo
+from rankopt.data.base import RetrievalDataset
+from rankopt.search.metadata import Columns, aligned_columns, check_name, dataset_columns, merged
 
 Stamp = list  # [size: int, mtime_ns: int, sha256: str]
 HASH_BLOCK = 1 << 20
@@ -36,7 +39,7 @@ def file_stamp(path: str | os.PathLike[str]) -> Stamp:
 
 
 @dataclass
-class Items:
+class IndexItems:
     """Per-item bookkeeping, row-aligned with the index's embeddings (see the module docstring)."""
 
     ids: list[str]
@@ -58,15 +61,16 @@ class Items:
         return len(self.ids)
 
     @classmethod
-    def new(cls, rows: int, paths: Sequence[str] | None, *, ids: Sequence[Any] | None = None, metadata: Columns | None = None,
-            stamps: list[Stamp | None] | None = None, crops: dict[str, dict[str, Any]] | None = None) -> Items:
+    def new(cls, rows: int, paths: Sequence[str] | None, *, ids: Sequence[Any] | None = None,
+            metadata: Columns | None = None, stamps: list[Stamp | None] | None = None,
+            crops: dict[str, dict[str, Any]] | None = None) -> IndexItems:
         """The items of a new index: ``ids`` given, else ``"0"`` ... ``str(rows - 1)``."""
         items = cls([], [] if paths is not None else None)
         return items.extended(rows, paths, ids=ids, metadata=metadata, stamps=stamps, crops=crops)
 
     def extended(self, rows: int, paths: Sequence[str] | None, *, ids: Sequence[Any] | None = None,
                  metadata: Columns | None = None, stamps: list[Stamp | None] | None = None,
-                 crops: Mapping[int, dict[str, Any]] | None = None) -> Items:
+                 crops: Mapping[int, dict[str, Any]] | None = None) -> IndexItems:
         """These items followed by ``rows`` new ones (new ids, checked against the existing ones);
         ``crops`` keyed by the new items' positions."""
         if (self.paths is None) != (paths is None) and len(self):
@@ -82,7 +86,7 @@ class Items:
         if self.stamps is not None or stamps is not None:
             new_stamps = [*(self.stamps or [None] * len(self)), *(stamps or [None] * rows)]
         crops_by_id = {**self.crops, **{new_ids[row]: crop for row, crop in (crops or {}).items()}}
-        return Items([*self.ids, *new_ids], None if paths is None else [*(self.paths or []), *paths],
+        return IndexItems([*self.ids, *new_ids], None if paths is None else [*(self.paths or []), *paths],
                      merged(self.metadata, len(self), metadata or {}, rows), new_stamps, crops_by_id, next_id)
 
     def _new_ids(self, rows: int, given: Sequence[Any] | None) -> tuple[list[str], int]:
@@ -105,17 +109,17 @@ class Items:
             counter += 1
         return new, counter
 
-    def selected(self, rows: np.ndarray) -> Items:
+    def selected(self, rows: np.ndarray) -> IndexItems:
         """The items at ``rows`` (in that order); ``next_id`` kept, so removed ids are never reused."""
         take = rows.tolist()
         ids = [self.ids[r] for r in take]
         kept = set(ids)
-        return Items(ids, None if self.paths is None else [self.paths[r] for r in take],
+        return IndexItems(ids, None if self.paths is None else [self.paths[r] for r in take],
                      {c: [v[r] for r in take] for c, v in self.metadata.items()},
                      None if self.stamps is None else [self.stamps[r] for r in take],
                      {i: c for i, c in self.crops.items() if i in kept}, self.next_id)
 
-    def with_stamps(self, rows: Iterable[int], stamps: Iterable[Stamp]) -> Items:
+    def with_stamps(self, rows: Iterable[int], stamps: Iterable[Stamp]) -> IndexItems:
         new = list(self.stamps or [None] * len(self))
         for row, stamp in zip(rows, stamps):
             new[row] = stamp
@@ -131,8 +135,6 @@ class Items:
         if paths:
             if self.paths is None:
                 raise ValueError("this index has no item paths: remove items by id")
-            from pathlib import Path
-
             by_path: dict[str, list[int]] = {}
             for r, p in enumerate(self.paths):
                 by_path.setdefault(p, []).append(r)
@@ -153,8 +155,8 @@ class Items:
                 "crops": self.crops}
 
     @classmethod
-    def from_json(cls, data: Mapping[str, Any], rows: int, next_id: int | None, where: str) -> Items:
-        """Items of ``items.json`` (an index of format 1 has no ids: ``"0"`` ... counted)."""
+    def from_json(cls, data: Mapping[str, Any], rows: int, next_id: int | None, where: str) -> IndexItems:
+        """The items of ``items.json`` (an index of format 1 has no ids: ``"0"`` ... counted)."""
         ids = data.get("ids")
         try:
             if ids is None:
@@ -173,12 +175,9 @@ def _check_unique(ids: Sequence[str], what: str) -> None:
 
 
 def dataset_items(dataset: Any, paths: Sequence[str], metadata: Any = None) -> dict[str, Any]:
-    """``Items.extended`` keywords for the embedded items of ``dataset`` (a ``RetrievalDataset``): its per-item
-    columns (an ``id`` column gives the ids) and ``metadata`` (:func:`rankopt.search.metadata.aligned_columns`:
+    """``IndexItems.extended`` keywords for the embedded items of ``dataset`` (a ``RetrievalDataset``): its
+    per-item columns (an ``id`` column gives the ids) and ``metadata`` (:func:`rankopt.search.metadata.aligned_columns`:
     a file or table keyed by path overrides a dataset column of the same name), stamps of the files, crops."""
-    from rankopt.engine.logging import echo
-    from rankopt.search.metadata import aligned_columns, check_name, dataset_columns
-
     rows = len(paths)
     columns = dataset_columns(dataset.metadata, rows)
     ids = columns.pop("id", None)
@@ -194,7 +193,7 @@ def dataset_items(dataset: Any, paths: Sequence[str], metadata: Any = None) -> d
     return {"ids": ids, "metadata": {**columns, **given}, "stamps": stamps, "crops": crops}
 
 
-def changed_files(items: Items) -> tuple[list[int], list[int], list[tuple[int, Stamp]]]:
+def changed_files(items: IndexItems) -> tuple[list[int], list[int], list[tuple[int, Stamp]]]:
     """``(changed rows, vanished rows, new stamps)`` of the items with a stamp: changed = content (sha256)
     differs, vanished = the file is gone; new stamps for every file whose size or mtime moved."""
     changed, vanished, restamped = [], [], []
@@ -214,10 +213,8 @@ def changed_files(items: Items) -> tuple[list[int], list[int], list[tuple[int, S
     return changed, vanished, restamped
 
 
-def crop_dataset(items: Items, rows: Sequence[int]) -> Any:
+def crop_dataset(items: IndexItems, rows: Sequence[int]) -> RetrievalDataset:
     """A dataset of the files of ``rows`` cropped as when they were indexed (unlabelled)."""
-    from rankopt.data.base import RetrievalDataset
-
     paths = [items.paths[r] for r in rows]
     crops = [items.crops.get(items.ids[r], {}) for r in rows]
     boxes = {i: tuple(c["box"]) for i, c in enumerate(crops) if "box" in c}

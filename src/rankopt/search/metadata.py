@@ -30,6 +30,10 @@ from typing import Any, Union
 
 import numpy as np
 
+from rankopt.data.base import ITEM_METADATA
+from rankopt.data.csv_dataset import OTHER_COLUMN
+from rankopt.search.extras import import_pyarrow
+
 Value = Union[str, int, float, bool, None]
 Columns = dict[str, list[Value]]
 Filter = Union[Mapping[str, Any], str, Sequence[str]]
@@ -116,8 +120,6 @@ def read_table(file: str | os.PathLike[str]) -> dict[str, dict[str, Value]]:
     if not path.is_file():
         raise FileNotFoundError(f"metadata file {str(path)!r} does not exist")
     if path.suffix.lower() == ".parquet":
-        from rankopt.search.parquet import import_pyarrow
-
         data = import_pyarrow().parquet.read_table(path)
         header, records = data.column_names, data.to_pylist()
     elif path.suffix.lower() == ".csv":
@@ -144,9 +146,6 @@ def read_table(file: str | os.PathLike[str]) -> dict[str, dict[str, Value]]:
 def dataset_columns(metadata: Mapping[str, Any], rows: int) -> Columns:
     """The per-item columns of a dataset (``metadata["item_metadata"]["rows"]``: one value per item), a CSV
     file's other columns named without their ``column/`` prefix."""
-    from rankopt.data.base import ITEM_METADATA
-    from rankopt.data.csv_dataset import OTHER_COLUMN
-
     columns: Columns = {}
     for key in (metadata.get(ITEM_METADATA) or {}).get("rows", ()):
         values = np.asarray(metadata[key])

@@ -29,7 +29,7 @@ from rankopt.report.html import (
     write_page,
 )
 from rankopt.search.result import SearchResult
-from rankopt.viz._common import level_colour, level_name, thumbnail
+from rankopt.viz.pictures import level_colour, level_name, thumbnail
 
 UNKNOWN_COLOUR = "#8c959f"
 QUERY_COLOUR = "#0969da"

@@ -28,23 +28,18 @@ from typing import Any
 
 import numpy as np
 
+from rankopt.files import read_npy
+from rankopt.postprocess import Whitening, load_whitening, save_whitening
+from rankopt.search.embedder import stored_post
+from rankopt.search.extras import import_pyarrow
 from rankopt.search.index import Index
-from rankopt.search.metadata import RESERVED, Columns
+from rankopt.search.metadata import RESERVED, Columns, text
 
 SHARD_ROWS = 1_000_000
 META_KEY = b"rankopt"
 WHITENING_KEY = b"rankopt.whitening"
 EMBEDDING = "embedding"
 CLIP_PATH = "image_path"
-
-
-def import_pyarrow() -> Any:
-    try:
-        import pyarrow
-        import pyarrow.parquet  # noqa: F401 - the submodule is used as pyarrow.parquet
-    except ImportError as err:  # pragma: no cover - depends on the environment
-        raise ImportError("Parquet files need pyarrow: pip install 'rankopt[parquet]' (or pip install pyarrow)") from err
-    return pyarrow
 
 
 def _label_column(level: int) -> str:
@@ -56,14 +51,13 @@ def _description(index: Index) -> dict[str, Any]:
             "dim": index.dim, "count": len(index), "level_names": list(index.level_names),
             "label_names": index.label_names, "threshold": index.threshold, "next_id": index.items.next_id,
             "metadata_columns": list(index.metadata),
-            **{key: index.info.get(key) for key in ("checkpoint", "model", "dba", "created_utc")}}
+            "checkpoint": index.record.checkpoint, "model": index.record.model, "dba": index.record.dba,
+            "created_utc": index.record.created_utc}
 
 
 def _schema_metadata(index: Index) -> dict[bytes, bytes]:
     out = {META_KEY: json.dumps(_description(index)).encode()}
     if index.post is not None and index.post.whitening is not None:
-        from rankopt.postprocess import save_whitening
-
         with tempfile.TemporaryDirectory() as tmp:
             out[WHITENING_KEY] = save_whitening(index.post.whitening, Path(tmp) / "w.safetensors").read_bytes()
     return out
@@ -87,8 +81,6 @@ def _columns(index: Index, rows: slice, path_name: str) -> dict[str, Any]:
         try:
             out[name] = pa.array(values[rows])
         except (pa.ArrowInvalid, pa.ArrowTypeError):
-            from rankopt.search.metadata import text
-
             out[name] = pa.array([None if v is None else text(v) for v in values[rows]], pa.string())
     return out
 
@@ -147,8 +139,6 @@ def _shards(folder: Path, sub: str, suffix: str) -> list[Path]:
 
 def _read(source: Path) -> tuple[np.ndarray, Any, str]:
     """``(embeddings (N, D) float32, table without embeddings, path column name)`` of either form."""
-    from rankopt.files import read_npy
-
     pa = import_pyarrow()
     if source.is_dir():
         npys, parts = _shards(source, "img_emb", ".npy"), _shards(source, "metadata", ".parquet")
@@ -205,21 +195,18 @@ def import_index(source: str | os.PathLike[str], *, fingerprint: str | None = No
         preprocessing=described.get("preprocessing"), level_names=level_names, label_names=label_names,
         ids=data.get("id"), metadata=columns, faiss=faiss, faiss_params=faiss_params, progress=progress)
     index.items.next_id = max(index.items.next_id, int(described.get("next_id") or 0))
-    index.info.update({key: described.get(key) for key in ("checkpoint", "model", "dba", "created_utc", "threshold")
-                       if described.get(key) is not None})
-    index.post = _post(meta.get(WHITENING_KEY), index.preprocessing)
+    for key in ("checkpoint", "model", "dba", "created_utc", "threshold"):
+        if described.get(key) is not None:
+            setattr(index.record, key, described[key])
+    index.post = stored_post(index.preprocessing, _whitening(meta.get(WHITENING_KEY)))
     return index
 
 
-def _post(blob: bytes | None, preprocessing: dict[str, Any]) -> Any:
-    """The embedding pipeline's multi-scale and whitening steps (as ``Index.load`` rebuilds them), or ``None``."""
-    from rankopt.postprocess import MULTISCALE_KEY, PostProcessing, load_whitening
-
-    whitening = None
-    if blob is not None:
-        with tempfile.TemporaryDirectory() as tmp:
-            path = Path(tmp) / "w.safetensors"
-            path.write_bytes(blob)
-            whitening = load_whitening(path)
-    scales = preprocessing.get(MULTISCALE_KEY)
-    return PostProcessing(tuple(scales) if scales else None, whitening) if scales or whitening is not None else None
+def _whitening(blob: bytes | None) -> Whitening | None:
+    """The whitening stored in the schema metadata, or ``None``."""
+    if blob is None:
+        return None
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "w.safetensors"
+        path.write_bytes(blob)
+        return load_whitening(path)

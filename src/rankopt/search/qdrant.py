@@ -1,8 +1,9 @@
 """A Qdrant collection kept in step with an index folder: the index's vectors, ids and metadata, searched there.
 
-``qdrant-client`` is optional (the ``qdrant`` extra), imported lazily. The index folder stays the reference
-(embeddings, items, versions: :mod:`rankopt.search.storage`); ``index.json``'s ``qdrant`` entry names the
-collection: ``{"url": URL or null, "path": folder relative to the index folder or null, "collection": NAME}``.
+``qdrant-client`` is optional (the ``qdrant`` extra, :func:`rankopt.search.extras.import_qdrant`); :class:`Qdrant`
+is the search backend. The index folder stays the reference (embeddings, items, versions:
+:mod:`rankopt.search.storage`); ``index.json``'s ``qdrant`` entry names the collection:
+``{"url": URL or null, "path": folder relative to the index folder or null, "collection": NAME}``.
 ``path`` is Qdrant's embedded local mode (one process at a time: an open client locks the folder, so rankopt
 opens it per operation and waits a little for another process's operation), ``url`` a server or cluster.
 
@@ -13,7 +14,7 @@ opens it per operation and waits a little for another process's operation), ``ur
 * Distances: cosine -> ``Cosine`` (Qdrant normalises the vectors: ``<q/|q|, r/|r|>``), dot -> ``Dot``,
   neg_l2 -> ``Euclid`` (Qdrant returns ``||q - r||_2``; rankopt's score is its negative).
 * Search is exact (``SearchParams(exact=True)``): the top-k of rankopt's exact search, ties aside.
-* :func:`kept_in_step` around every save: points whose digest (of the vector and payload) differs are upserted,
+* :meth:`Qdrant.saving` around every save: points whose digest (of the vector and payload) differs are upserted,
   points of items no longer in the index deleted (:func:`sync`), so ``add``/``remove``/``update``
   (``index-add``/``-remove``/``-update``) reach the collection, and one left behind by an interrupted save is
   repaired by the next. ``INDEX_DIR/qdrant.json`` (``{"version": v}``) says the collection holds version ``v``:
@@ -27,22 +28,22 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import os
 import threading
 import time
 import uuid
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
 from rankopt.files import write_text_atomic
+from rankopt.search.backend import Backend, Gallery, Hits
+from rankopt.search.extras import import_qdrant
 from rankopt.search.labels import label_texts
 from rankopt.search.metadata import LABEL_KEY, Filter, conditions, text
-
-if TYPE_CHECKING:
-    from rankopt.search.index import Index
 
 NAMESPACE = uuid.UUID("6f0d8a52-3c1e-4f7b-9a7e-2b1d5c9e8f10")
 """The namespace of the points' UUIDv5 ids (fixed: a point id depends on the item id alone)."""
@@ -54,15 +55,6 @@ BATCH = 512
 LOCK_WAIT_S = 30.0
 DISTANCES = {"cosine": "Cosine", "dot": "Dot", "neg_l2": "Euclid"}
 _local_locks: dict[str, threading.Lock] = {}
-
-
-def import_qdrant() -> Any:
-    try:
-        import qdrant_client  # optional dependency, imported lazily
-    except ImportError as err:  # pragma: no cover - depends on the environment
-        raise ImportError("the qdrant backend needs qdrant-client: pip install 'rankopt[qdrant]' "
-                          "(or pip install qdrant-client)") from err
-    return qdrant_client
 
 
 def point_id(item_id: str) -> str:
@@ -79,7 +71,7 @@ class Location:
     collection: str
 
     @classmethod
-    def of(cls, spec: Mapping[str, Any], folder: str | Path) -> Location:
+    def of(cls, spec: Mapping[str, Any], folder: str | os.PathLike[str]) -> Location:
         """``index.json``'s ``qdrant`` entry of the index folder ``folder`` (a relative path is inside it)."""
         path = spec.get("path")
         if (spec.get("url") is None) == (path is None):
@@ -112,37 +104,48 @@ def _open_local(path: str) -> Any:
             time.sleep(0.05)
 
 
-def attach(index: Index, *, url: str | None = None, collection: str | None = None) -> None:
+class Qdrant(Backend):
+    """Search through the Qdrant collection ``spec`` names (``index.json``'s ``qdrant`` entry), kept in step
+    at every save; filters become payload filters."""
+
+    filters = True
+
+    def __init__(self, spec: Mapping[str, Any]) -> None:
+        self.spec = spec
+
+    def describe(self) -> str:
+        """``qdrant COLLECTION (URL | local PATH)``."""
+        where = self.spec.get("url") or f"local {self.spec.get('path')}"
+        return f"qdrant {self.spec['collection']} ({where})"
+
+    def search(self, gallery: Gallery, queries: torch.Tensor, k: int, filter: Filter | None = None) -> Hits | None:
+        return search(gallery, queries, k, filter)  # the module's function
+
+    @contextlib.contextmanager
+    def saving(self, gallery: Gallery, directory: str | os.PathLike[str]) -> Iterator[None]:
+        """The stamp removed, the folder written (the block), the collection synced, the stamp of the saved
+        version written (see the module docstring)."""
+        stamp = Path(directory) / STAMP
+        stamp.unlink(missing_ok=True)
+        yield
+        sync(gallery, directory)
+        write_text_atomic(stamp, json.dumps({"version": gallery.record.version}))
+
+
+def attach(index: Gallery, *, url: str | None = None, collection: str | None = None) -> None:
     """Make ``index`` keep a Qdrant collection: at ``url``, else in local mode in ``INDEX_DIR/qdrant``;
     ``collection`` defaults to ``"rankopt"``. Written by the next :meth:`Index.save`, searched after it."""
     import_qdrant()
-    if index.faiss_index is not None:
+    if index.record.faiss is not None:
         raise ValueError("an index is searched through faiss or Qdrant, not both: drop --faiss or --backend qdrant")
     if collection is not None and not collection.strip():
         raise ValueError("the Qdrant collection name is empty")
-    index.info["qdrant"] = {"url": url, "path": None if url else LOCAL_FOLDER,
-                            "collection": collection or DEFAULT_COLLECTION}
-
-
-def describe(spec: Mapping[str, Any]) -> str:
-    """``qdrant COLLECTION (URL | local PATH)``."""
-    where = spec.get("url") or f"local {spec.get('path')}"
-    return f"qdrant {spec['collection']} ({where})"
+    index.record.qdrant = {"url": url, "path": None if url else LOCAL_FOLDER,
+                           "collection": collection or DEFAULT_COLLECTION}
+    index.searcher = Qdrant(index.record.qdrant)
 
 
 # ---------------------------------------------------------------------- writing
-@contextlib.contextmanager
-def kept_in_step(index: Index, directory: str | Path) -> Iterator[None]:
-    """Around :meth:`Index.save` of an index with a collection: the stamp removed, the folder written (the
-    block), the collection synced, the stamp of the saved version written (see the module docstring)."""
-    if not index.info.get("qdrant"):
-        yield
-        return
-    stamp = Path(directory) / STAMP
-    stamp.unlink(missing_ok=True)
-    yield
-    sync(index, directory)
-    write_text_atomic(stamp, json.dumps({"version": index.info["version"]}))
 
 
 def synced_version(folder: str | Path) -> int | None:
@@ -153,7 +156,7 @@ def synced_version(folder: str | Path) -> int | None:
         return None
 
 
-def payloads(index: Index) -> list[dict[str, Any]]:
+def payloads(index: Gallery) -> list[dict[str, Any]]:
     """One payload per item: id, path, label text, metadata texts, and the digest of the vector and the rest."""
     labels = label_texts(index.labels, index.label_names)
     vectors = index.embeddings.detach().float().cpu().contiguous().numpy()
@@ -167,12 +170,12 @@ def payloads(index: Index) -> list[dict[str, Any]]:
     return out
 
 
-def sync(index: Index, folder: str | Path) -> dict[str, int]:
-    """Bring the collection of ``index.info["qdrant"]`` in step with ``index`` (saved in ``folder``): created (or
+def sync(index: Gallery, folder: str | os.PathLike[str]) -> dict[str, int]:
+    """Bring the collection of ``index.record.qdrant`` in step with ``index`` (saved in ``folder``): created (or
     re-created when its dimension or distance differ), changed points upserted, others' points deleted.
     Returns ``{"upserted": n, "deleted": m}``."""
     models = import_qdrant().models
-    location = Location.of(index.info["qdrant"], folder)
+    location = Location.of(index.record.qdrant, folder)
     distance = models.Distance[DISTANCES[index.similarity].upper()]
     wanted = {point_id(p["id"]): (row, p) for row, p in enumerate(payloads(index))}
     with location.client() as client:
@@ -218,16 +221,15 @@ def payload_filter(filter: Filter | None) -> Any:
                                for key, accepted in conditions(filter).items()])
 
 
-def search(index: Index, queries: torch.Tensor, k: int, filter: Filter | None = None
-           ) -> tuple[torch.Tensor, torch.Tensor] | None:
+def search(index: Gallery, queries: torch.Tensor, k: int, filter: Filter | None = None) -> Hits | None:
     """``(scores, rows)`` ``(Q, k)`` of ``index``'s collection, exact, in rankopt's score convention; ``filter``
     becomes a payload filter. ``None`` when the collection does not hold ``index``'s version (see the module
     docstring): :meth:`Index.search` then searches the loaded vectors exactly."""
-    version = index.info.get("version")
-    if synced_version(index.folder) != version:
+    version = index.record.version
+    if index.folder is None or synced_version(index.folder) != version:
         return None
     models = import_qdrant().models
-    location = Location.of(index.info["qdrant"], index.folder)
+    location = Location.of(index.record.qdrant, index.folder)
     query_filter = payload_filter(filter)
     params = models.SearchParams(exact=True) if location.url else None  # local mode is brute force (and warns)
     requests = [models.QueryRequest(query=row, limit=k, filter=query_filter, params=params, with_payload=["id"])

@@ -3,7 +3,7 @@
 ``torchrun --nproc_per_node=N -m rankopt index ...``: :func:`start` joins torchrun's process group (gloo when the
 embeddings are made on the CPU, NCCL on GPUs, each rank on ``cuda:LOCAL_RANK``); :func:`build` has rank ``r`` of
 ``W`` embed the contiguous shard ``np.array_split(range(N), W)[r]`` of the gallery
-(:func:`rankopt.engine.evaluation.embed_dataset`), the shards all-gathered in rank order: the items' order, ids,
+(:func:`rankopt.engine.embed_and_score.embed_dataset`), the shards all-gathered in rank order: the items' order, ids,
 paths, labels and metadata are those of one process (they come from the dataset, the same on every rank), the
 embeddings equal to float tolerance. Rank 0 alone builds the index (DBA, faiss, Qdrant) and saves it.
 """

@@ -46,8 +46,11 @@ from typing import Any
 
 import torch
 
+from rankopt import __version__
 from rankopt.postprocess import WHITENING_KEY, Whitening, load_whitening, save_whitening
 from rankopt.search import approximate
+from rankopt.search.labels import default_level_names
+from rankopt.search.record import IndexInfo
 
 FORMAT = "rankopt-index"
 FORMAT_VERSION = 2
@@ -67,14 +70,28 @@ reads the new version, up to this many times."""
 
 @dataclass
 class StoredIndex:
-    """The content of an index folder: ``info`` is ``index.json``, ``items`` is ``items.json``."""
+    """The content of an index folder: ``index.json``'s description (typed) and ``items.json`` (``items``, its
+    level names filled in when read)."""
 
     embeddings: torch.Tensor
     labels: torch.Tensor
-    info: dict[str, Any]
+    fingerprint: str
+    similarity: str
+    preprocessing: dict[str, Any]
+    info: IndexInfo
     items: dict[str, Any]
+    next_id: int | None = None
     faiss_index: Any = None
     whitening: Whitening | None = None
+    data: str = ""
+    """The data folder it was read from (``""``: a format-1 folder, its files beside ``index.json``)."""
+
+    def description(self) -> dict[str, Any]:
+        """``index.json`` but for the entries of the version written (uid, version, data, changed)."""
+        return {"format": FORMAT, "format_version": FORMAT_VERSION, "rankopt_version": __version__,
+                "fingerprint": self.fingerprint, "preprocessing": self.preprocessing, "similarity": self.similarity,
+                "dim": int(self.embeddings.shape[1]), "count": int(self.embeddings.shape[0]), **self.info.to_json(),
+                "next_id": self.next_id, "metadata_columns": sorted(self.items.get("metadata") or {})}
 
 
 # ---------------------------------------------------------------------- writing
@@ -133,8 +150,8 @@ def _write_version(folder: Path, stored: StoredIndex, version: int, uid: str) ->
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    info = {**stored.info, "format": FORMAT, "format_version": FORMAT_VERSION, "uid": uid, "version": version,
-            "data": name, "changed_utc": f"{datetime.now(timezone.utc):%Y-%m-%d %H:%M:%S.%f UTC}"}
+    info = {**stored.description(), "uid": uid, "version": version, "data": name,
+            "changed_utc": f"{datetime.now(timezone.utc):%Y-%m-%d %H:%M:%S.%f UTC}"}
     _write_json_durably(folder / INDEX_JSON, info)
 
 
@@ -286,6 +303,7 @@ def _read_version(folder: Path, info: dict[str, Any]) -> StoredIndex:
                          f"expected int64 ({count}, L)")
     if not bool(torch.isfinite(embeddings).all()):
         raise ValueError(f"{data / EMBEDDINGS}: embeddings hold NaN or Inf values")
+    _check_names(data / ITEMS_JSON, items, labels)
     faiss_index = None
     if info.get("faiss"):
         path = data / FAISS_INDEX
@@ -296,7 +314,23 @@ def _read_version(folder: Path, info: dict[str, Any]) -> StoredIndex:
             raise ValueError(f"{path} holds {faiss_index.ntotal} vectors of dimension {faiss_index.d}, "
                              f"but {INDEX_JSON} says {count} of dimension {dim}")
         approximate.set_params(faiss_index, info["faiss"].get("params"))
-    return StoredIndex(embeddings, labels, info, items, faiss_index, _read_whitening(data, info))
+    return StoredIndex(embeddings, labels, info["fingerprint"], info["similarity"], info.get("preprocessing") or {},
+                       IndexInfo.from_json(info), items, info.get("next_id"), faiss_index, _read_whitening(data, info),
+                       str(info.get("data", "")))
+
+
+def _check_names(path: Path, items: dict[str, Any], labels: torch.Tensor) -> None:
+    """``items.json``'s level names (filled in when absent) and label names checked against the labels."""
+    levels = labels.shape[1]
+    level_names = items["level_names"] = items.get("level_names") or list(default_level_names(levels))
+    label_names = items.get("label_names")
+    if len(level_names) != levels or (label_names is not None and len(label_names) != len(level_names)):
+        raise ValueError(f"{path}: {len(level_names)} level names for labels with {levels} levels")
+    if label_names is not None and len(labels):
+        for level, (names, largest) in enumerate(zip(label_names, labels.max(dim=0).values.tolist())):
+            if largest >= len(names):
+                raise ValueError(f"{path}: {len(names)} label names at level {level} but {EMBEDDINGS} uses label "
+                                 f"{largest}")
 
 
 def _read_whitening(folder: Path, info: Mapping[str, Any]) -> Whitening | None:

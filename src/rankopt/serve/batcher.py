@@ -171,7 +171,7 @@ def _run_on_torch_thread(jobs: list[_Job]) -> tuple[list[Any], list[int], list[t
     groups: dict[tuple[int, tuple[int, ...]], list[int]] = {}
     for position, (job, image) in enumerate(zip(jobs, outcomes)):
         if not isinstance(image, Exception):
-            groups.setdefault((id(job.snapshot.forward), tuple(image.shape)), []).append(position)
+            groups.setdefault((id(job.snapshot.embedder), tuple(image.shape)), []).append(position)
     sizes = []
     for positions in groups.values():
         batch = torch.stack([outcomes[p] for p in positions])

@@ -20,7 +20,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from torch import nn
 
 from rankopt.search import Embedder, Index, storage
 from rankopt.serve.torch_thread import TORCH_THREAD
@@ -32,8 +31,7 @@ class Snapshot:
 
     index: Index
     embedder: Embedder
-    forward: nn.Module
-    """The embedder's model with its multi-scale step (the whitening is applied after)."""
+    """Embeds the image queries (its network in eval mode)."""
     rows: dict[str, int]
     """Item id -> row of the index."""
     loaded_utc: str
@@ -41,12 +39,12 @@ class Snapshot:
     @property
     def version(self) -> int | None:
         """The index folder's version this snapshot holds."""
-        return self.index.info.get("version")
+        return self.index.record.version
 
     @property
     def identity(self) -> tuple[str | None, int]:
         """The index folder's ``(uid, version)`` this snapshot holds (:func:`rankopt.search.storage.identity`)."""
-        return self.index.info.get("uid"), int(self.index.info.get("version") or 0)
+        return self.index.record.uid, int(self.index.record.version or 0)
 
     @property
     def decode_min_side(self) -> int | None:
@@ -57,11 +55,9 @@ class Snapshot:
         """A decoded image -> the ``(3, H, W)`` model input (the index's test transform)."""
         return self.embedder.transform(image)
 
-    @torch.inference_mode()
     def embed(self, images: torch.Tensor) -> torch.Tensor:
-        """``(B, 3, H, W)`` transformed images -> ``(B, D)`` embeddings, as :meth:`Embedder.embed` makes them."""
-        out = self.forward(images.to(self.embedder.device)).float().cpu()
-        return out if self.embedder.post is None else self.embedder.post.whiten(out)
+        """``(B, 3, H, W)`` transformed images -> ``(B, D)`` embeddings (:meth:`Embedder.embed_batch`)."""
+        return self.embedder.embed_batch(images)
 
 
 class IndexHolder:
@@ -85,11 +81,11 @@ class IndexHolder:
         """The folder's index and embedder (the previous embedder kept when the fingerprint is the same)."""
         index = Index.load(self.directory)
         if previous is not None and previous.embedder.fingerprint == index.fingerprint:
-            embedder, forward = previous.embedder, previous.forward
+            embedder = previous.embedder
         else:
             embedder = index.embedder_for(checkpoint=self._model, device=self._device, progress=False, **self._options)
-            forward = embedder.model if embedder.post is None else embedder.post.wrap_model(embedder.model)
-        return Snapshot(index, embedder, forward.eval(), {item: row for row, item in enumerate(index.ids)},
+            embedder.network.eval()
+        return Snapshot(index, embedder, {item: row for row, item in enumerate(index.ids)},
                         f"{datetime.now(timezone.utc):%Y-%m-%d %H:%M:%S UTC}")
 
     def poll(self) -> bool | None:

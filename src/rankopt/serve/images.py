@@ -11,7 +11,7 @@ What it guarantees for every upload (each refusal an :class:`~rankopt.serve.limi
   are never read). A WebP's canvas and a TIFF's first directory are read here before Pillow opens the file (libwebp
   allocates the canvas on opening; Pillow builds one tile per strip), and a TIFF whose tiles, blocks or tag arrays
   do not fit its size is refused. ``width x height`` above ``Limits.max_pixels`` is 413.
-- **Memory and time grow with the pixels only.** Any mode is converted as :func:`rankopt.data.base.to_rgb` does
+- **Memory and time grow with the pixels only.** Any mode is converted as :func:`rankopt.data.image_files.to_rgb` does
   (same pixels), a tile of :data:`TILE_PIXELS` at a time into the RGB output: beyond the decoded image it holds
   that output (4 bytes a pixel in Pillow) and one tile's intermediates, never a float64 copy of the image.
 - **Heavy uploads decode one at a time, and small.** A decode of more than :data:`HEAVY_PIXELS` pixels holds
@@ -38,8 +38,8 @@ from dataclasses import dataclass
 import numpy as np
 from PIL import Image, UnidentifiedImageError
 
-from rankopt.data.base import to_rgb
 from rankopt.data.decode import DRAFT_GAP
+from rankopt.data.image_files import to_rgb
 from rankopt.serve.limits import ApiError, Limits
 
 CHECKABLE_FORMATS = ("JPEG", "PNG", "WEBP", "GIF", "BMP", "TIFF")

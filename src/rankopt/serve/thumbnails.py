@@ -13,13 +13,13 @@ from collections import OrderedDict
 
 from PIL import Image
 
-from rankopt.viz._common import thumbnail
+from rankopt.viz.pictures import thumbnail
 
 JPEG_QUALITY = 85
 
 
 class ThumbnailCache:
-    """``get(path) -> JPEG bytes`` (at most 128 px a side, :func:`rankopt.viz._common.thumbnail`), the
+    """``get(path) -> JPEG bytes`` (at most 128 px a side, :func:`rankopt.viz.pictures.thumbnail`), the
     ``capacity`` most recent kept; an entry is redrawn when its file's size or mtime changed."""
 
     def __init__(self, capacity: int = 2048) -> None:

@@ -1,5 +1,6 @@
 """Shared plumbing of the figures: validated retrieval inputs, chunked query-vs-gallery
-scores with self-exclusion by index, relevance colours, framed image cells and headless figure saving.
+scores with self-exclusion by index, framed image cells and headless figure saving
+(thumbnails and relevance colours: :mod:`rankopt.viz.pictures`).
 
 Figures are built with :class:`matplotlib.figure.Figure` directly (no ``pyplot``), so
 nothing touches the global backend: rendering is Agg, headless and thread-safe.
@@ -7,28 +8,22 @@ nothing touches the global backend: rendering is Agg, headless and thread-safe.
 
 from __future__ import annotations
 
-import zipfile
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import torch
 from matplotlib.axes import Axes
-from matplotlib.colors import LinearSegmentedColormap, to_rgba
 from matplotlib.figure import Figure
-from matplotlib.patches import Patch
 
 from rankopt import checks, similarity as sim
-from rankopt.data.base import load_image
 from rankopt.labels import relevance_levels
-from rankopt.metrics import search
+from rankopt.metrics import topk
 
 DPI = 100
 """Every PNG is written at this resolution, so its size in pixels is ``figsize * DPI``."""
 
-THUMB_PIXELS = 128
-"""Longest side of the image thumbnails drawn in retrieval cells."""
 _CHUNK_ELEMENTS = 1 << 22
 """At most this many query-reference scores are held at once (16 MiB of float32)."""
 
@@ -93,14 +88,14 @@ def retrieval_inputs(
 def score_chunks(data: RetrievalInputs, query_indices: torch.Tensor) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
     """Yield ``(scores, levels)`` for consecutive blocks of the selected queries.
 
-    The exact chunked search of :func:`rankopt.metrics.search.score_chunks`: ``scores`` is
+    The exact chunked search of :func:`rankopt.metrics.topk.score_chunks`: ``scores`` is
     ``(q, R)`` with ``-inf`` at the query itself (same-set case, excluded by index), ``levels``
     the shared hierarchy levels (``0`` at the query itself). Never more than
     ``_CHUNK_ELEMENTS`` scores are materialised at once.
     """
     num_refs = data.ref.shape[0]
     exclude = query_indices if data.same_set else None
-    chunks = search.score_chunks(data.query[query_indices], data.ref, similarity=data.similarity,
+    chunks = topk.score_chunks(data.query[query_indices], data.ref, similarity=data.similarity,
                                  chunk_size=max(1, _CHUNK_ELEMENTS // num_refs), exclude=exclude)
     for start, scores in chunks:
         rows = query_indices[start : start + scores.shape[0]]
@@ -116,54 +111,6 @@ def sample_indices(n: int, k: int | None, seed: int) -> torch.Tensor:
         return torch.arange(n)
     gen = torch.Generator().manual_seed(seed)
     return torch.randperm(n, generator=gen)[:k].sort().values
-
-
-def column_name(column: int, level_names: Sequence[str] | None) -> str:
-    """Name of label column ``column``: from ``level_names`` (finest first), else ``class`` / ``level c``."""
-    if level_names is not None and column < len(level_names):
-        return str(level_names[column])
-    return "class" if column == 0 else f"level {column}"
-
-
-def level_name(level: int, num_levels: int, level_names: Sequence[str] | None) -> str:
-    """Legend text for a relevance level: ``L`` shared levels = same finest class, ``0`` = unrelated,
-    in between = same label at a coarser level only."""
-    if level <= 0:
-        return "unrelated"
-    if level >= num_levels:
-        return f"same {column_name(0, level_names)}"
-    column = num_levels - level
-    return f"same {column_name(column, level_names)}, other {column_name(column - 1, level_names)}"
-
-
-_SAME_COLOUR, _UNRELATED_COLOUR = "#2ca02c", "#d62728"
-_COARSER_CMAP = LinearSegmentedColormap.from_list("coarser", ["#ffb266", "#ff7f0e", "#d95f02"])
-
-
-def level_colour(level: int, num_levels: int) -> tuple[float, float, float, float]:
-    """Green: same finest class; red: unrelated; orange: shares only coarser levels
-    (darker orange when it shares more of them)."""
-    if level >= num_levels:
-        return to_rgba(_SAME_COLOUR)
-    if level <= 0:
-        return to_rgba(_UNRELATED_COLOUR)
-    return _COARSER_CMAP((level - 1) / (num_levels - 2) if num_levels > 2 else 0.5)
-
-
-def relevance_legend(num_levels: int, level_names: Sequence[str] | None) -> list[Patch]:
-    """Legend patches of the relevance colours, finest match first, unrelated last."""
-    return [Patch(color=level_colour(lv, num_levels), label=level_name(lv, num_levels, level_names))
-            for lv in range(num_levels, -1, -1)]
-
-
-def thumbnail(path: str) -> np.ndarray:
-    """RGB thumbnail of an image file or of a zip member (``archive.zip/member.png``, as rankopt datasets list them)."""
-    try:
-        img = load_image(path)
-        img.thumbnail((THUMB_PIXELS, THUMB_PIXELS))
-        return np.asarray(img)
-    except (OSError, ValueError, KeyError, zipfile.BadZipFile) as err:
-        raise FileNotFoundError(f"cannot read image {path!r}: {err}") from err
 
 
 def draw_cell(ax: Axes, image: np.ndarray | None, colour: tuple[float, ...], title: str, *,

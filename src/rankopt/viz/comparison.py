@@ -14,8 +14,8 @@ import numpy as np
 from matplotlib.axes import Axes
 from matplotlib.ticker import MaxNLocator
 
-from rankopt.viz._common import (draw_cell, level_colour, new_figure, note_few_points, relevance_legend, save_figure,
-                                 thumbnail, titled)
+from rankopt.viz._common import draw_cell, new_figure, note_few_points, save_figure, titled
+from rankopt.viz.pictures import level_colour, relevance_legend, thumbnail
 from rankopt.viz.curves import _history_series
 
 PANEL_INCHES = (4.6, 3.4)
@@ -217,7 +217,7 @@ def plot_retrieval_rows(
 
     Frames: green = same finest class, orange/olive = sharing only coarser levels, red =
     unrelated (``num_levels`` label columns); scores above cells of at least
-    :data:`SCORE_MIN_CELL_INCHES`. Images are read with :func:`rankopt.data.base.load_image`
+    :data:`SCORE_MIN_CELL_INCHES`. Images are read with :func:`rankopt.data.image_files.load_image`
     (zip members too); one that cannot be read is drawn as a grey cell reading "missing".
     """
     if not query_paths or not groups:

@@ -11,8 +11,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from rankopt.viz._common import (ArrayLike, column_name, new_figure, note_few_points, retrieval_inputs, sample_indices,
-                                 save_figure, score_chunks, titled)
+from rankopt.viz._common import (ArrayLike, new_figure, note_few_points, retrieval_inputs, sample_indices, save_figure,
+                                 score_chunks, titled)
+from rankopt.viz.pictures import column_name
 
 PANEL_INCHES = (6.0, 4.5)
 """Size of one panel; the PR figure is one panel, training curves one panel per group (loss, learning rate, metrics)."""

@@ -13,7 +13,8 @@ from sklearn.manifold import TSNE
 from threadpoolctl import threadpool_limits
 
 from rankopt import checks, similarity as sim
-from rankopt.viz._common import ArrayLike, as_tensor, column_name, new_figure, sample_indices, save_figure, titled
+from rankopt.viz._common import ArrayLike, as_tensor, new_figure, sample_indices, save_figure, titled
+from rankopt.viz.pictures import column_name
 
 MAP_PANEL_INCHES = (6.0, 5.5)
 """One panel per label level shown: the finest, plus the coarsest when ``L > 1``."""

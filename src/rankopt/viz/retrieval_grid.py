@@ -15,16 +15,14 @@ from rankopt.viz._common import (
     ArrayLike,
     RetrievalInputs,
     draw_cell,
-    level_colour,
     new_figure,
-    relevance_legend,
     retrieval_inputs,
     sample_indices,
     save_figure,
     score_chunks,
-    thumbnail,
     titled,
 )
+from rankopt.viz.pictures import level_colour, relevance_legend, thumbnail
 
 CELL_INCHES = 1.4
 """Width and height of one grid cell; the figure is ``CELL*(k+1)`` by ``CELL*rows + HEADER``."""

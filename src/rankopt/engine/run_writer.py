@@ -1,5 +1,6 @@
-"""What a run folder records besides metrics: how the run was asked for, the machine, the data,
-the model and loss, and the final model's neighbours (``retrieval.npz``) for pictures and ``compare``.
+"""Writing a run folder, for training (:class:`rankopt.engine.trainer.Trainer`) and evaluation
+(:func:`write_evaluation_folder`): how the run was asked for (``run.json``), the machine, the data, the model and
+loss (``report.json``), and the final model's neighbours (``retrieval.npz``) for pictures and ``compare``.
 
 The keys are described in ``docs/ARCHITECTURE.md`` (the run folder); ``rankopt.report`` reads them.
 """
@@ -8,7 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import platform
 import sys
 from collections.abc import Mapping, Sequence
 from datetime import datetime, timezone
@@ -18,29 +18,24 @@ from typing import Any
 import numpy as np
 import torch
 
-from rankopt.engine.evaluation import EmbeddedSplit
+from rankopt import __version__
+from rankopt.config import ExperimentConfig, save_config
+from rankopt.console import echo
+from rankopt.describe import machine_info, model_info
+from rankopt.engine.embed_and_score import EmbeddedSplit
+from rankopt.engine.logging import METRICS_JSON
 from rankopt.files import write_text_atomic
+from rankopt.metrics import EvaluationResult
 
 RUN_JSON = "run.json"
+REPORT_JSON = "report.json"
 RETRIEVAL_NPZ = "retrieval.npz"
 RETRIEVAL_TOP_K = 10
-
-
-def machine_info(device: torch.device | str) -> dict[str, Any]:
-    """Platform, CPU count, Python, torch version and threads, and the compute device (with the GPU's name)."""
-    device = torch.device(device)
-    info = {"platform": platform.platform(), "cpu_count": os.cpu_count(), "python": sys.version.split()[0],
-            "torch": torch.__version__, "torch_threads": torch.get_num_threads(), "device": str(device)}
-    if device.type == "cuda":
-        info["gpu"] = torch.cuda.get_device_name(device)
-    return info
 
 
 def write_run_info(run_dir: Path, info: Mapping[str, Any], device: torch.device | str) -> Path:
     """``run.json``: ``info`` (recipe, overrides, command) with the start time, version and machine.
     A resumed run keeps the first record and appends the time of each resume."""
-    from rankopt import __version__
-
     path = run_dir / RUN_JSON
     now = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
     if path.is_file():
@@ -65,7 +60,8 @@ def write_class_split(run_dir: Path, dataset: Any) -> list[Path]:
 
 
 def dataset_counts(datasets: Mapping[str, Any]) -> dict[str, Any]:
-    """``{split: {"images", "classes": {level name: count}}}`` of datasets with ``labels`` (N, L) (and ``level_names``)."""
+    """``{split: {"images", "classes": {level name: count}}}`` of datasets with ``labels`` (N, L)
+    (and ``level_names``)."""
     out = {}
     for split, ds in datasets.items():
         labels = np.asarray(ds.labels).reshape(len(ds), -1)
@@ -75,16 +71,11 @@ def dataset_counts(datasets: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
-def model_info(model: torch.nn.Module, backbone: str) -> dict[str, Any]:
-    return {"backbone": backbone, "embedding_dim": int(getattr(model, "embedding_dim", 0)),
-            "parameters": int(sum(p.numel() for p in model.parameters()))}
-
-
 def write_retrieval(run_dir: Path, splits: Sequence[EmbeddedSplit], similarity: str,
                     top_k: int = RETRIEVAL_TOP_K) -> Path:
     """``retrieval.npz``: every query's exact top-``k`` (``rankopt.viz.retrieval_neighbours``) with the
     paths and labels of queries and gallery; no pickled objects (``np.load(allow_pickle=False)``)."""
-    from rankopt.viz import retrieval_neighbours
+    from rankopt.viz import retrieval_neighbours  # matplotlib (~1.5 s): only when a run folder is finished
 
     query = splits[0]
     ref = splits[1] if len(splits) == 2 else None
@@ -105,7 +96,7 @@ def write_split_figures(run_dir: Path, splits: Sequence[EmbeddedSplit], cfg: Any
                         history: Sequence[Mapping[str, Any]] | None = None,
                         level_names: Sequence[str] | None = None) -> list[Path]:
     """``rankopt.viz.write_figures`` of the embedded evaluation split(s) into ``run_dir/figures``."""
-    from rankopt.viz import write_figures
+    from rankopt.viz import write_figures  # matplotlib (~1.5 s): only when figures are drawn
 
     query = splits[0]
     ref = splits[1] if len(splits) == 2 else None
@@ -119,12 +110,52 @@ def write_split_figures(run_dir: Path, splits: Sequence[EmbeddedSplit], cfg: Any
 
 def write_html_report(run_dir: Path) -> Path | None:
     """``report.html`` via ``rankopt.report.write_run_report``; a failure is reported, never fatal to the run."""
-    from rankopt.engine.logging import echo
-
     try:
-        from rankopt.report import write_run_report
+        from rankopt.report import write_run_report  # matplotlib (~1.5 s): only when report.html is written
 
         return write_run_report(run_dir)
     except Exception as err:  # noqa: BLE001 - the run's results are already saved
         echo(f"report.html not written ({type(err).__name__}: {err}); rebuild it with: rankopt report {run_dir}")
         return None
+
+
+def finish_run_folder(run_dir: Path, report: dict[str, Any], splits: Sequence[EmbeddedSplit], cfg: ExperimentConfig,
+                      *, figures: bool, html: bool, history: Sequence[Mapping[str, Any]] | None = None,
+                      level_names: Sequence[str] | None = None) -> Path | None:
+    """``retrieval.npz``, the figures (their paths in ``report["figures"]``) when ``figures``, ``report.json``,
+    and ``report.html`` when ``html``; returns the page's path (None when not written)."""
+    write_retrieval(run_dir, splits, cfg.eval.similarity)
+    if figures:
+        paths = write_split_figures(run_dir, splits, cfg, history=history, level_names=level_names)
+        report["figures"] = [str(p) for p in paths]
+    write_text_atomic(run_dir / REPORT_JSON, json.dumps(report, indent=2))
+    return write_html_report(run_dir) if html else None
+
+
+def write_evaluation_folder(run_dir: Path, *, checkpoint: str, command: str, cfg: ExperimentConfig,
+                            model: torch.nn.Module, datasets: Mapping[str, Any], splits: Sequence[EmbeddedSplit],
+                            result: EvaluationResult, seconds: float,
+                            postprocessing: dict[str, Any] | None = None) -> Path | None:
+    """The run folder of an evaluation (kind ``evaluate``): config, run info, one metrics record,
+    report.json (with the ``postprocessing`` steps applied), retrieval.npz, figures and report.html
+    (retrieval.npz and the figures use the whitened embeddings, without DBA/αQE); returns report.html's path."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    save_config(cfg, run_dir / "config.yaml")
+    device = next(model.parameters()).device
+    write_run_info(run_dir, {"recipe": f"(checkpoint {checkpoint})", "overrides": [], "command": command}, device)
+    record = {"epoch": 0, "step": 0, **result.to_record()}
+    write_text_atomic(run_dir / METRICS_JSON, json.dumps([record], indent=2))
+    level_names = list(getattr(next(iter(datasets.values())), "level_names", []))
+    dataset = cfg.data.eval_name or cfg.data.name
+    report = {
+        "kind": "evaluate", "name": cfg.name, "run_dir": str(run_dir), "dataset": dataset, "checkpoint": checkpoint,
+        "wall_seconds": round(seconds, 1), "untrained": {}, "trained": record, "best": {},
+        "data": {"name": dataset, "root": cfg.data.eval_root or cfg.data.root, "eval_name": dataset,
+                 "level_names": level_names, "eval": dataset_counts(datasets)},
+        "model": model_info(model, cfg.model.backbone),
+        "loss": {"name": cfg.loss.name, "kwargs": dict(cfg.loss.kwargs), "repr": ""},
+        "machine": machine_info(device),
+        "figures": [],  # filled by finish_run_folder (keeps the key order of report.json)
+        "postprocessing": postprocessing or {},
+    }
+    return finish_run_folder(run_dir, report, splits, cfg, figures=True, html=True, level_names=level_names)

@@ -1,7 +1,7 @@
 """An exported ONNX embedding model run by onnxruntime (the optional ``onnx`` extra, imported lazily).
 
 :class:`OnnxNet` is an ``nn.Module`` whose forward runs an onnxruntime session, ``(B, 3, H, W)`` float32 images
-(the test transform's output) -> ``(B, D)`` embeddings, so :func:`rankopt.engine.evaluation.embed_dataset` and
+(the test transform's output) -> ``(B, D)`` embeddings, so :func:`rankopt.engine.embed_and_score.embed_dataset` and
 :class:`rankopt.search.Embedder` use it as they use a PyTorch model. It has no parameters: its ``fingerprint``
 and ``preprocessing`` are read from the model's ``metadata_props`` (written by :mod:`rankopt.export.onnx`), the
 exported checkpoint's own, so an index built through onnxruntime accepts queries embedded by the checkpoint

@@ -43,9 +43,17 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset, Subset
 
+from rankopt.checks import check_labels
 from rankopt.config import EvalConfig
-from rankopt.engine.logging import bars_shown, progress
+from rankopt.console import bars_shown, progress
+from rankopt.data.fast_transform import collate
+from rankopt.engine.distributed import gather_for_evaluation
+from rankopt.files import open_npy_atomic
+from rankopt.metrics import EvaluationResult, evaluate
+from rankopt.metrics.landmarks import revisited_map
+from rankopt.metrics.verification import all_pairs_tar_at_far, group_mean, parse_far_keys, verification_metrics
 from rankopt.postprocess import PostProcessing
+from rankopt.similarity import pairwise
 
 SEQUENCE, CATEGORY = "sequence", "category"  # per-item metadata keys: exclusion groups, query categories
 
@@ -91,13 +99,9 @@ def embed_dataset(model: torch.nn.Module, dataset: Dataset, *, batch_size: int =
     :func:`rankopt.files.open_npy_atomic`) and the returned split's embeddings are that memory map. Under
     ``torch.distributed`` the shards are gathered in memory and rank 0 writes ``out``.
     """
-    from rankopt.files import open_npy_atomic
-
     device = torch.device(device)
     rank, world = _distributed()
     shard = np.array_split(np.arange(len(dataset)), world)[rank]
-    from rankopt.data.fast_transform import collate
-
     loader = DataLoader(Subset(dataset, shard.tolist()), batch_size=batch_size, shuffle=False,
                         num_workers=num_workers, generator=torch.Generator().manual_seed(0), collate_fn=collate)
     was_training = model.training
@@ -126,8 +130,6 @@ def embed_dataset(model: torch.nn.Module, dataset: Dataset, *, batch_size: int =
             local = allocate(getattr(model, "embedding_dim", 0))
     model.train(was_training)
     if world > 1:
-        from rankopt.engine.distributed import gather_for_evaluation
-
         local = gather_for_evaluation(local).cpu()
         if out is not None and rank == 0:
             with open_npy_atomic(out, tuple(local.shape), np.float32) as array:
@@ -169,9 +171,6 @@ def _media_instances(split: EmbeddedSplit, embeddings: torch.Tensor) -> tuple[to
     """``(means (G, D), labels (G, L))``: ``embeddings`` (the split's, possibly whitened) averaged over
     each media of ``split.metadata["media"]``, media in increasing id order; a media whose items
     have different labels raises ``ValueError`` naming it and two of its items."""
-    from rankopt.checks import check_labels
-    from rankopt.metrics.verification import group_mean
-
     media = torch.as_tensor(np.asarray(split.metadata["media"]))
     means, media_ids = group_mean(embeddings, media)  # checks media: (N,) integer ids
     item_labels = check_labels(split.labels, embeddings.shape[0], "labels")
@@ -226,8 +225,6 @@ def score(splits: Sequence[EmbeddedSplit], cfg: EvalConfig, *, device: torch.dev
     scored as queries vs the augmented gallery, each query still excluded from its results by index
     and from its own expansion; DBA there is transductive (a gallery item's neighbours may include
     the query), unlike a separate query set."""
-    from rankopt.metrics import EvaluationResult, evaluate
-
     if len(splits) not in (1, 2):
         raise ValueError(f"evaluation needs 1 split (self-retrieval) or 2 (query, gallery), got {len(splits)}")
     query = splits[0]
@@ -250,15 +247,10 @@ def score(splits: Sequence[EmbeddedSplit], cfg: EvalConfig, *, device: torch.dev
         own, ref_labels = torch.arange(query_emb.shape[0]), query_labels
     ground_truth = query.metadata.get("ground_truth")
     if ground_truth is not None and ref is not None:
-        from rankopt.metrics.landmarks import revisited_map
-        from rankopt.similarity import pairwise
-
         values = revisited_map(pairwise(query_emb, ref_emb, cfg.similarity), ground_truth)
         without = int(values.get("medium/num_queries_without_positive", 0))
         return EvaluationResult({k: v for k, v in values.items() if "num_queries" not in k}, len(ground_truth), without)
     query_groups, ref_groups = groups if groups is not None else (None, None)
-    from rankopt.metrics.verification import parse_far_keys
-
     names, fars = parse_far_keys(list(metrics or cfg.metrics))
     result = evaluate(query_emb, query_labels, ref_emb, ref_labels,
                       metrics=names, similarity=cfg.similarity,
@@ -266,8 +258,6 @@ def score(splits: Sequence[EmbeddedSplit], cfg: EvalConfig, *, device: torch.dev
                       query_groups=query_groups, ref_groups=None if ref_emb is None else ref_groups,
                       query_categories=query_categories(query))
     if "media" in query.metadata and "templates" in query.metadata and "template_pairs" in query.metadata:
-        from rankopt.metrics.verification import verification_metrics
-
         result.metrics |= verification_metrics(items, query.metadata["media"], query.metadata["templates"],
                                                query.metadata["template_pairs"], similarity=cfg.similarity,
                                                **({"fars": fars} if fars else {}))
@@ -275,8 +265,6 @@ def score(splits: Sequence[EmbeddedSplit], cfg: EvalConfig, *, device: torch.dev
         if ref is not None:
             raise ValueError("tar@far metrics over all pairs serve self-retrieval (one split); a query/gallery "
                              "protocol verifies its pairs file (templates)")
-        from rankopt.metrics.verification import all_pairs_tar_at_far
-
         result.metrics |= all_pairs_tar_at_far(query_emb, query_labels, fars, similarity=cfg.similarity)
     return result
 

@@ -1,0 +1,90 @@
+"""Image files as the datasets read them: plain files or members of ``.zip`` archives (``archive.zip/member``),
+decoded to RGB (:func:`load_image`) and turned into tensors (:func:`pil_to_tensor`)."""
+
+from __future__ import annotations
+
+import os
+import zipfile
+
+import numpy as np
+import torch
+from PIL import Image
+
+from rankopt.data.decode import decode_image
+
+_ZIP_MARK = ".zip" + os.sep
+
+
+def _split_zip_path(path: str) -> tuple[str, str] | None:
+    """``/a/b.zip/x/y.png`` -> (``/a/b.zip``, ``x/y.png``); None for plain files."""
+    cut = path.find(_ZIP_MARK)
+    if cut < 0:
+        return None
+    return path[: cut + 4], path[cut + 5 :].replace(os.sep, "/")
+
+
+_ZIP_HANDLES: dict[tuple[int, str], zipfile.ZipFile] = {}
+
+
+def _zip_handle(archive: str) -> zipfile.ZipFile:
+    """One open ZipFile per (process, archive): safe with forked DataLoader workers."""
+    key = (os.getpid(), archive)
+    handle = _ZIP_HANDLES.get(key)
+    if handle is None:
+        handle = _ZIP_HANDLES[key] = zipfile.ZipFile(archive)
+    return handle
+
+
+def image_exists(path: str) -> bool:
+    """True if ``path`` (a file, or a member inside a ``.zip`` as ``archive.zip/member``) exists."""
+    parts = _split_zip_path(path)
+    if parts is None:
+        return os.path.isfile(path)
+    archive, member = parts
+    if not os.path.isfile(archive):
+        return False
+    try:
+        _zip_handle(archive).getinfo(member)
+    except KeyError:
+        return False
+    return True
+
+
+def read_bytes(path: str) -> bytes:
+    """The bytes of the image file ``path`` (or ``archive.zip/member``)."""
+    parts = _split_zip_path(path)
+    if parts is None:
+        with open(path, "rb") as fh:
+            return fh.read()
+    archive, member = parts
+    return _zip_handle(archive).read(member)
+
+
+def to_rgb(img: Image.Image) -> Image.Image:
+    """Any Pillow mode -> RGB: 1-bit/L/P/CMYK/YCbCr via ``convert``, alpha composited on white,
+    16/32-bit and float grayscale rescaled to 8 bits."""
+    if img.mode == "RGB":
+        return img
+    if img.mode in ("RGBA", "LA", "PA", "RGBa", "La") or (img.mode == "P" and "transparency" in img.info):
+        rgba = img.convert("RGBA")
+        white = Image.new("RGBA", rgba.size, (255, 255, 255, 255))
+        return Image.alpha_composite(white, rgba).convert("RGB")
+    if img.mode.startswith("I") or img.mode == "F":
+        arr = np.asarray(img, dtype=np.float64)
+        top = 65535.0 if img.mode.startswith("I;16") else max(float(arr.max()), 1.0)
+        arr = np.clip(arr / top * 255.0, 0, 255).astype(np.uint8)
+        return Image.fromarray(arr, mode="L").convert("RGB")
+    return img.convert("RGB")
+
+
+def load_image(path: str, min_side: int | None = None) -> Image.Image:
+    """Decode an image with Pillow, apply its EXIF orientation and convert it to RGB; ``min_side``: a JPEG
+    may be decoded at 1/2, 1/4 or 1/8 size keeping enough pixels for a resize of its shorter side to
+    ``min_side`` (:func:`rankopt.data.decode.decode_image`); None, the reference: full size."""
+    return to_rgb(decode_image(read_bytes(path), min_side))
+
+
+def pil_to_tensor(img: Image.Image) -> torch.Tensor:
+    """RGB PIL image -> FloatTensor (3, H, W) in [0, 1] (numpy, so no intra-op thread pool is woken)."""
+    arr = np.asarray(img, dtype=np.float32) * np.float32(1 / 255)
+    return torch.from_numpy(np.ascontiguousarray(arr.transpose(2, 0, 1)))

@@ -1,0 +1,93 @@
+"""How an index answers top-k queries: one small interface, :class:`Backend`, and its exact implementation.
+
+The implementations: :class:`Exact` (here), :class:`rankopt.search.approximate.Faiss` and
+:class:`rankopt.search.qdrant.Qdrant`. Filtering sits on top (:meth:`rankopt.search.index.Index.search`): a
+filtered search is exact over the items the filter keeps, unless the backend applies filters itself
+(:attr:`Backend.filters`). A backend that cannot answer (a Qdrant collection of another version) returns
+``None`` and the exact search answers.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from abc import ABC, abstractmethod
+from collections.abc import Iterator, Sequence
+from typing import ClassVar, Protocol
+
+import numpy as np
+import torch
+
+from rankopt.metrics.topk import chunked_topk
+from rankopt.search.metadata import Columns, Filter
+from rankopt.search.record import IndexInfo
+
+Hits = tuple[torch.Tensor, torch.Tensor]
+"""``(scores, rows)`` ``(Q, k)``, rows by decreasing score (``-1``: no item)."""
+
+
+class Gallery(Protocol):
+    """What a backend reads of an index (:class:`rankopt.search.index.Index` is one)."""
+
+    embeddings: torch.Tensor
+    labels: torch.Tensor
+    label_names: list[list[str]] | None
+    similarity: str
+    record: IndexInfo
+    searcher: Backend
+    folder: os.PathLike[str] | None
+
+    @property
+    def dim(self) -> int: ...
+    @property
+    def ids(self) -> list[str]: ...
+    @property
+    def paths(self) -> Sequence[str] | None: ...
+    @property
+    def metadata(self) -> Columns: ...
+    @property
+    def device(self) -> torch.device: ...
+
+
+class Backend(ABC):
+    """Searches a gallery's vectors and keeps in step with them through its changes."""
+
+    filters: ClassVar[bool] = False
+    """Whether :meth:`search` applies a filter itself (else a filtered search is exact among the kept items)."""
+
+    @abstractmethod
+    def describe(self) -> str:
+        """``"exact"``, ``"faiss <spec>"``, ``"qdrant <collection> (<where>)"``."""
+
+    @abstractmethod
+    def search(self, gallery: Gallery, queries: torch.Tensor, k: int, filter: Filter | None = None) -> Hits | None:
+        """The top-``k`` items of each query (``filter`` only when :attr:`filters`); ``None``: answer exactly."""
+
+    def changed(self, gallery: Gallery, added: int = 0) -> None:
+        """In step with ``gallery`` after a change: its last ``added`` rows appended, or (0) rows removed or
+        re-embedded."""
+
+    @contextlib.contextmanager
+    def saving(self, gallery: Gallery, directory: str | os.PathLike[str]) -> Iterator[None]:
+        """Around the write of the gallery's folder ``directory`` (the block)."""
+        yield
+
+
+class Exact(Backend):
+    """Exact search: chunked matrix products over every vector (:func:`exact_search`)."""
+
+    def describe(self) -> str:
+        return "exact"
+
+    def search(self, gallery: Gallery, queries: torch.Tensor, k: int, filter: Filter | None = None) -> Hits:
+        return exact_search(gallery, queries, k)
+
+
+def exact_search(gallery: Gallery, queries: torch.Tensor, k: int, keep: np.ndarray | None = None) -> Hits:
+    """The exact top-``k`` of ``queries`` among the gallery's vectors (those at the rows ``keep`` when given), on
+    the gallery's device; scores and rows on the CPU."""
+    vectors = gallery.embeddings if keep is None else gallery.embeddings[torch.from_numpy(keep)]
+    device = gallery.device
+    scores, rows = chunked_topk(queries.to(device), vectors.to(device), k, similarity=gallery.similarity)
+    scores, rows = scores.cpu(), rows.cpu()
+    return scores, rows if keep is None else torch.from_numpy(keep)[rows]

@@ -1,0 +1,61 @@
+"""The house's shape: no import circle, every import looks down (docs/ARCHITECTURE.md), no other package's private
+module, no file over 500 lines."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+
+_SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "draw_imports.py"
+_spec = importlib.util.spec_from_file_location("draw_imports", _SCRIPT)
+assert _spec is not None and _spec.loader is not None
+draw_imports = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(draw_imports)
+
+
+@pytest.fixture(scope="module")
+def house() -> tuple[dict[str, Path], dict[str, set[str]], list[list[str]]]:
+    found = draw_imports.modules()
+    return found, draw_imports.imports(found), draw_imports.layers()
+
+
+def test_the_finder_sees_circles_and_imports_up(tmp_path: Path):
+    package = tmp_path / "rankopt"
+    for folder, text in (("low", "from rankopt.high import b\n"), ("high", "from rankopt.low import _k, a\n")):
+        (package / folder).mkdir(parents=True)
+        (package / folder / "__init__.py").write_text("")
+        (package / folder / ("a.py" if folder == "low" else "b.py")).write_text(text)
+    (package / "low" / "_k.py").write_text("")
+    found = draw_imports.modules(package)
+    graph = draw_imports.imports(found)
+    assert draw_imports.circles(graph) == [["rankopt.high.b", "rankopt.low.a"]]
+    assert draw_imports.not_down(found, graph, [["low"], ["high"]]) == [("rankopt.low.a", "rankopt.high.b")]
+    assert draw_imports.unlayered(found, [["low"]]) == ["high"]
+    assert draw_imports.private_imports(found, graph) == [("rankopt.high.b", "rankopt.low._k")]
+
+
+def test_every_unit_has_a_layer(house):
+    found, _, order = house
+    assert draw_imports.unlayered(found, order) == []
+
+
+def test_no_import_circle(house):
+    _, graph, _ = house
+    assert draw_imports.circles(graph) == []
+
+
+def test_imports_only_look_down(house):
+    found, graph, order = house
+    assert draw_imports.not_down(found, graph, order) == []
+
+
+def test_no_private_module_of_another_package(house):
+    found, graph, _ = house
+    assert draw_imports.private_imports(found, graph) == []
+
+
+def test_no_source_file_over_500_lines(house):
+    found, _, _ = house
+    assert draw_imports.long_files(found) == {}

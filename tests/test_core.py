@@ -11,7 +11,7 @@ import torch
 from rankopt.checks import check_embeddings, check_finite_scalar, check_labels
 from rankopt.labels import as_label_matrix, relevance_levels, same_class, self_mask
 from rankopt.rank.relevance import level_counts, ndcg_gains, relevance
-from rankopt.registry import Registry
+from rankopt.registries import Registry
 from rankopt.similarity import pairwise
 
 

@@ -35,8 +35,9 @@ def check_embeddings(x: torch.Tensor, name: str = "embeddings", min_rows: int = 
     if x.shape[1] == 0:
         raise ValueError(f"{name} has 0 dimensions")
     # row blocks: a memory-mapped set is read block by block, never copied whole
-    bad = torch.cat([~torch.isfinite(x[start : start + FINITE_CHECK_ROWS]).all(dim=1)
-                     for start in range(0, x.shape[0], FINITE_CHECK_ROWS)]) if x.shape[0] else torch.zeros(0, dtype=torch.bool)
+    bad = (torch.cat([~torch.isfinite(x[start : start + FINITE_CHECK_ROWS]).all(dim=1)
+                      for start in range(0, x.shape[0], FINITE_CHECK_ROWS)])
+           if x.shape[0] else torch.zeros(0, dtype=torch.bool))
     if bool(bad.any()):
         idx = bad.nonzero().flatten()
         raise ValueError(f"{name} has {idx.numel()} row(s) with NaN or Inf values: rows {_rows(idx)}")

@@ -22,7 +22,7 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from rankopt.checks import parse_image_size
-from rankopt.registry import Registry
+from rankopt.registries import Registry
 
 RECIPE_DIR = Path(__file__).resolve().parent / "recipes"
 DEFAULT_RECIPE = "default"

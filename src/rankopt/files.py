@@ -28,7 +28,8 @@ def write_text_atomic(path: str | os.PathLike[str], text: str) -> Path:
 
 
 @contextlib.contextmanager
-def open_npy_atomic(path: str | os.PathLike[str], shape: tuple[int, ...], dtype: np.dtype | type = np.float32) -> Iterator[np.memmap]:
+def open_npy_atomic(path: str | os.PathLike[str], shape: tuple[int, ...],
+                    dtype: np.dtype | type = np.float32) -> Iterator[np.memmap]:
     """A writable ``.npy`` memory map of ``shape`` to fill in the ``with`` block; then flushed and moved to
     ``path`` (``os.replace``), so an interrupted writer never leaves a truncated file (the temporary file in
     the same folder is removed). The map stays usable after the block (it follows the renamed file)."""

@@ -44,7 +44,8 @@ def same_class(query_labels: torch.Tensor, ref_labels: torch.Tensor) -> torch.Te
     return q[:, None] == r[None, :]
 
 
-def self_mask(num_queries: int, num_refs: int, query_offset: int = 0, device: torch.device | None = None) -> torch.Tensor:
+def self_mask(num_queries: int, num_refs: int, query_offset: int = 0,
+              device: torch.device | None = None) -> torch.Tensor:
     """``(Q, R)`` bool, True where reference ``j`` is query ``i`` itself.
 
     Query ``i`` is reference ``query_offset + i`` (the batch occupies a slice of

@@ -18,7 +18,8 @@ def prepare(x: torch.Tensor, kind: str) -> torch.Tensor:
 
 
 def pairwise(
-    query: torch.Tensor, ref: torch.Tensor, kind: str = "cosine", prepared: bool = False, out: torch.Tensor | None = None
+    query: torch.Tensor, ref: torch.Tensor, kind: str = "cosine", prepared: bool = False,
+    out: torch.Tensor | None = None
 ) -> torch.Tensor:
     """``(Q, R)`` similarity matrix.
 

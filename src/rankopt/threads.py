@@ -28,7 +28,8 @@ def _executor(threads: int) -> ThreadPoolExecutor:
         executor = _EXECUTORS.get(threads)
         if executor is None:
             executor = _EXECUTORS[threads] = ThreadPoolExecutor(
-                threads, thread_name_prefix=f"{_THREAD_PREFIX}{threads}", initializer=torch.set_num_threads, initargs=(1,))
+                threads, thread_name_prefix=f"{_THREAD_PREFIX}{threads}", initializer=torch.set_num_threads,
+                initargs=(1,))
         return executor
 
 
@@ -68,7 +69,8 @@ class ThreadPool:
 
     def run(self, kernel: Callable[[int, int, int], object], total: int) -> list[object]:
         """``kernel(index, lo, hi)`` over the ranges of ``[0, total)``, in parallel (the first range in the calling
-        thread); the results in order. An error is raised once every range has stopped (the ones not started are dropped)."""
+        thread); the results in order. An error is raised once every range has stopped (the ones not started are
+        dropped)."""
         jobs = [(index, lo, hi) for index, (lo, hi) in enumerate(self.ranges(total))]
         if self.executor is None or len(jobs) == 1:
             return [kernel(*job) for job in jobs]

@@ -18,7 +18,7 @@ from rankopt.engine.diagnostics import DIAGNOSTICS, SURROGATES, surrogate_ap_err
 from rankopt.experiments.runner import RunSpec
 from rankopt.experiments.studies import STUDIES, run_study
 from rankopt.experiments.study_analyses import operating_fractions
-from rankopt.experiments.study_settings import CALIBRATION_LOSSES, QUICK_OVERRIDES, Settings
+from rankopt.experiments.study_settings import CALIBRATION_LOSSES, QUICK_OVERRIDES, StudySettings
 from rankopt.experiments.study_tables import NO_VALUE, Table
 from rankopt.metrics import evaluate
 from rankopt.rank import default_delta
@@ -90,10 +90,10 @@ def test_operating_fraction_matches_a_brute_force_count():
 
 # ---------------------------------------------------------------- settings and tables
 
-def settings(tmp_path: Path, **kw) -> Settings:
+def settings(tmp_path: Path, **kw) -> StudySettings:
     base = {"name": "lambda", "recipe": "omniglot", "root": None, "out_dir": tmp_path, "seeds": (0,), "jobs": 1,
             "quick": False, "extra_overrides": (), "eval_split": "validation", "values": None, "from_run": None}
-    return Settings(**{**base, **kw})
+    return StudySettings(**{**base, **kw})
 
 
 def test_overrides_order_later_keys_win(tmp_path):
@@ -287,7 +287,7 @@ def test_smooth_ap_ablation_varies_one_parameter_at_a_time(name, key, values, ru
         trained.extend(specs)
         return [fake_run(self.runs_dir / spec.name, {"map@r": 0.1, "recall@1": 0.2}, loss="smooth_ap") for spec in specs]
 
-    monkeypatch.setattr(Settings, "train", train)
+    monkeypatch.setattr(StudySettings, "train", train)
     result = run_study(name, out_dir=tmp_path, seeds=[0], values=values)
     assert [spec.name for spec in trained] == runs
     table5 = {"loss.kwargs.tau": "0.01", "train.m": "4", "train.batch_size": "128"}

@@ -14,7 +14,7 @@ import torch
 from pytorch_metric_learning.losses import SmoothAPLoss as PMLSmoothAP
 
 import rankopt.losses as L
-from rankopt.losses.base import RetrievalSet
+from rankopt.losses.rank_loss import RetrievalSet
 from rankopt.metrics import evaluate
 from rankopt.rank.surrogates import default_delta, heaviside, sigmoid_sums, sup_rank_sums, sup_step
 

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import rankopt.losses as L
-import rankopt.losses.base as base
+import rankopt.losses.rank_loss as base
 import rankopt.similarity as sim
 from rankopt.rank import surrogates as S
 

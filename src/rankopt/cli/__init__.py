@@ -12,7 +12,9 @@ import importlib
 import sys
 from collections.abc import Sequence
 
-SUBCOMMAND_MODULES = ("train", "convert", "evaluate", "embed", "evaluate_embeddings", "datasets", "compare", "report", "benchmark", "study", "whiten", "index", "index_change", "index_transfer", "search", "calibrate", "serve", "export")
+SUBCOMMAND_MODULES = ("train", "convert", "evaluate", "embed", "evaluate_embeddings", "datasets", "compare", "report",
+                      "benchmark", "study", "whiten", "index", "index_change", "index_transfer", "search", "calibrate",
+                      "serve", "export")
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -24,8 +24,10 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--confidence", type=float, default=0.95, help="level of the intervals (default: 0.95)")
     parser.add_argument("--out", default="compare", metavar="DIR", help="output folder (default: ./compare)")
     parser.add_argument("--grid-seed", type=int, metavar="SEED",
-                        help="draw each group's retrieval row from its run with train.seed=SEED (default: its first run)")
-    parser.add_argument("--grid-queries", type=int, default=4, metavar="Q", help="queries in the retrieval grid (default: 4)")
+                        help="draw each group's retrieval row from its run with train.seed=SEED (default: its first "
+                             "run)")
+    parser.add_argument("--grid-queries", type=int, default=4, metavar="Q",
+                        help="queries in the retrieval grid (default: 4)")
     parser.add_argument("--top-k", type=int, default=6, metavar="K", help="results per group and query (default: 6)")
     parser.set_defaults(func=run)
 

@@ -38,7 +38,8 @@ def run(args: argparse.Namespace) -> int:
     cfg, model = converted.config, converted.model
     fingerprint = model_fingerprint(model, inference_preprocessing(cfg))
     size = cfg.data.image_size or "the preset's"
-    print(f"wrote {path}: {args.backbone} from {converted.source['weights']} (sha256 {converted.source['sha256'][:12]}), "
+    print(f"wrote {path}: {args.backbone} from {converted.source['weights']} (sha256 "
+          f"{converted.source['sha256'][:12]}), "
           f"{model.embedding_dim}-d embeddings, test transform {cfg.data.test_transform} at {size}, "
           f"fingerprint {fingerprint}")
     if args.embedding_dim is not None:

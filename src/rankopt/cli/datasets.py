@@ -23,7 +23,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     info.add_argument("--split", action="append", default=None, help="split(s) to check (default: all)")
     info.add_argument(
         "--option", action="append", default=[], metavar="KEY=VALUE",
-        help="loader option (typed as config overrides), e.g. subset=vehicle for dyml, test_fraction=0.3 for image_folder",
+        help="loader option (typed as config overrides), e.g. subset=vehicle for dyml, test_fraction=0.3 for "
+             "image_folder",
     )
     info.add_argument("--verify", action="store_true", help="also open every image to find unreadable files (slow)")
     info.add_argument("--json", action="store_true", help="machine-readable output")
@@ -109,7 +110,8 @@ def _unanswerable_classes(query: Any, gallery: Any | None) -> int:
     return int(sum(in_gallery.get(c, 0) - own < 1 for c in classes))
 
 
-def dataset_report(name: str, root: str | None, splits: list[str] | None, options: dict[str, Any], verify: bool) -> dict[str, Any]:
+def dataset_report(name: str, root: str | None, splits: list[str] | None, options: dict[str, Any],
+                   verify: bool) -> dict[str, Any]:
     """Counts per split against the published numbers, every problem found (missing or unreadable
     images, problems of a user's folder or CSV), notes, and the classes that cannot be queries."""
     from rankopt.data import DatasetProblems, build_dataset, dataset_spec
@@ -141,7 +143,8 @@ def dataset_report(name: str, root: str | None, splits: list[str] | None, option
         else:
             built[split] = ds
             found = {"images": len(ds), **ds.summary()["classes"]}
-            mismatches = {k: {"found": found.get(k), "published": v} for k, v in entry["published"].items() if found.get(k) != v}
+            mismatches = {k: {"found": found.get(k), "published": v} for k, v in entry["published"].items()
+                          if found.get(k) != v}
             entry.update(
                 ok=not mismatches and not ds.metadata["num_bad_images"] and not ds.metadata.get("problems"),
                 found=found,

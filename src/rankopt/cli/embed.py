@@ -74,7 +74,8 @@ def run(args: argparse.Namespace) -> int:
         labels[:] = split.labels.numpy()
     write_text_atomic(paths_path, "".join(f"{p}\n" for p in split.paths))
     fingerprint = model_fingerprint(model, preprocessing)
-    write_text_atomic(info_path, json.dumps({"checkpoint": str(Path(args.checkpoint).resolve()), "fingerprint": fingerprint,
+    write_text_atomic(info_path,
+                      json.dumps({"checkpoint": str(Path(args.checkpoint).resolve()), "fingerprint": fingerprint,
                                              "preprocessing": preprocessing, "shape": list(split.embeddings.shape)},
                                             indent=2))
     print(f"wrote {emb_path} {tuple(split.embeddings.shape)}, {labels_path}, {paths_path}, {info_path} "

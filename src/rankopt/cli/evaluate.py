@@ -21,7 +21,8 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--metrics", nargs="+", metavar="METRIC",
                         help="metric names, or 'all' (default: the checkpoint's eval.metrics)")
     parser.add_argument("--similarity", choices=("cosine", "dot", "neg_l2"), help="default: the checkpoint's")
-    parser.add_argument("--json", metavar="OUT", help="write the result as JSON (with by_category when the queries have categories)")
+    parser.add_argument("--json", metavar="OUT",
+                        help="write the result as JSON (with by_category when the queries have categories)")
     parser.add_argument("--output", metavar="DIR",
                         help="also write a run folder: report.html, report.json, metrics.json, retrieval.npz, figures/")
     add_postprocess_arguments(parser, query_side=True, gallery_side=True)
@@ -54,7 +55,8 @@ def run(args: argparse.Namespace) -> int:
     post = postprocessing_from_args(args, model_fingerprint(model, inference_preprocessing(cfg)))
     start = time.perf_counter()
     result, splits = evaluate_model(model, datasets, cfg.eval, device=device, num_workers=args.num_workers,
-                                    show_progress=not args.no_progress, metrics=metrics, batch_transform=batch_transform,
+                                    show_progress=not args.no_progress, metrics=metrics,
+                                    batch_transform=batch_transform,
                                     postprocessing=post)
     dataset = cfg.data.eval_name or cfg.data.name
     out = {"checkpoint": str(args.checkpoint), "dataset": dataset, "splits": list(datasets),

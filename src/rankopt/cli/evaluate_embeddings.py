@@ -1,5 +1,6 @@
 """``rankopt evaluate-embeddings --embeddings E.npy --labels L.npy [--query-embeddings Q.npy
---query-labels QL.npy [--query-ref-index IDX.npy]] [--ref-block-size ROWS] [--method auto|tiled|chunked] [--metrics ...] [--similarity cosine] [--json OUT.json]``."""
+--query-labels QL.npy [--query-ref-index IDX.npy]] [--ref-block-size ROWS] [--method auto|tiled|chunked] [--metrics ...]
+[--similarity cosine] [--json OUT.json]``."""
 
 from __future__ import annotations
 
@@ -66,13 +67,15 @@ def run(args: argparse.Namespace) -> int:
     if args.query_embeddings is None:
         query, query_labels, ref, ref_labels = ref, ref_labels, None, None
     else:
-        query, query_labels = _load(args.query_embeddings, "--query-embeddings"), _load(args.query_labels, "--query-labels")
+        query, query_labels = (_load(args.query_embeddings, "--query-embeddings"),
+                               _load(args.query_labels, "--query-labels"))
     own = None if args.query_ref_index is None else _load(args.query_ref_index, "--query-ref-index")
     metrics = list(ALL_METRICS) if args.metrics == ["all"] else args.metrics
     result = evaluate(query, query_labels, ref, ref_labels, metrics=metrics, similarity=args.similarity,
                       chunk_size=args.chunk_size, device=args.device, backend=args.backend,
                       progress=not args.no_progress, query_ref_index=own,
-                      ref_block_size=args.ref_block_size, method=args.method, **({"alpha": args.alpha} if args.alpha != 1.0 else {}))
+                      ref_block_size=args.ref_block_size, method=args.method,
+                      **({"alpha": args.alpha} if args.alpha != 1.0 else {}))
     width = max(len(name) for name in result.metrics)
     print(f"{result.num_queries} queries, {result.num_queries_without_positive} without a positive (excluded)")
     for name, value in result.metrics.items():

@@ -33,7 +33,8 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--out", required=True, metavar="INDEX_DIR", help="index folder to write (replaced atomically)")
     parser.add_argument("--similarity", choices=("cosine", "dot", "neg_l2"), default="cosine",
                         help="similarity of the search (default: cosine)")
-    parser.add_argument("--faiss", metavar="SPEC", help="faiss factory string, e.g. HNSW32 or IVF1024,PQ32 (default: exact)")
+    parser.add_argument("--faiss", metavar="SPEC",
+                        help="faiss factory string, e.g. HNSW32 or IVF1024,PQ32 (default: exact)")
     parser.add_argument("--faiss-params", metavar="P", help="faiss search parameters, e.g. nprobe=32 or efSearch=128")
     parser.add_argument("--backend", choices=("exact", "qdrant"), default="exact",
                         help="qdrant: also keep a Qdrant collection, searched by search/serve (default: exact)")

@@ -75,7 +75,8 @@ def run_remove(args: argparse.Namespace) -> int:
         raise ValueError("name the items to remove: --id ID and/or --path PATH")
     with Index.editing(args.index) as index:
         removed = index.remove(ids=args.ids, paths=args.paths)
-    return _done(index, args, f"removed {len(removed)} item(s): {', '.join(removed[:10])}{' ...' if len(removed) > 10 else ''}")
+    return _done(index, args,
+                 f"removed {len(removed)} item(s): {', '.join(removed[:10])}{' ...' if len(removed) > 10 else ''}")
 
 
 def run_update(args: argparse.Namespace) -> int:

@@ -32,8 +32,10 @@ def register(subparsers: Any) -> None:
         description="Make an index folder from a Parquet file or clip-retrieval folder (rankopt index-export, or "
                     "clip-retrieval with --fingerprint).")
     imported.add_argument("source", metavar="FILE_OR_DIR", help="a .parquet file or a clip-retrieval folder")
-    imported.add_argument("--out", required=True, metavar="INDEX_DIR", help="index folder to write (replaced atomically)")
-    imported.add_argument("--fingerprint", metavar="F", help="the model fingerprint of embeddings rankopt did not export")
+    imported.add_argument("--out", required=True, metavar="INDEX_DIR",
+                          help="index folder to write (replaced atomically)")
+    imported.add_argument("--fingerprint", metavar="F",
+                          help="the model fingerprint of embeddings rankopt did not export")
     imported.add_argument("--faiss", metavar="SPEC", help="faiss factory string (default: exact search)")
     imported.add_argument("--faiss-params", metavar="P", help="faiss search parameters, e.g. nprobe=32")
     imported.set_defaults(func=run_import)

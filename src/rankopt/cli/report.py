@@ -14,7 +14,8 @@ def register(subparsers: Any) -> None:
                     "evaluation, AP per level, the loss's step surrogate) into RUN_DIR/figures and write "
                     "RUN_DIR/report.html: one self-contained page (no JavaScript, no network). Nothing is "
                     "retrained and no model is loaded; missing pieces are said on the page.")
-    parser.add_argument("run_dir", metavar="RUN_DIR", help="a folder written by rankopt train or rankopt evaluate --output")
+    parser.add_argument("run_dir", metavar="RUN_DIR",
+                        help="a folder written by rankopt train or rankopt evaluate --output")
     parser.add_argument("--check", action="store_true",
                         help="then check the page (local files exist, PNGs valid, no network resource); "
                              "exit 1 listing the problems")

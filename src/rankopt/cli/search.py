@@ -2,8 +2,8 @@
 
 A QUERY is an image file or a folder of images (recursively). Queries are embedded with the
 index's checkpoint (or ``--checkpoint``, whose fingerprint must equal the index's) through the
-index's embedding pipeline (multi-scale, whitening; ``--onnx MODEL.onnx``: its ONNX export); ``--qe K [--qe-alpha A]`` expands each query
-with its top K items (αQE) first. ``--filter KEY=VALUE`` / ``--filter "KEY in [A, B]"`` (repeatable,
+index's embedding pipeline (multi-scale, whitening; ``--onnx MODEL.onnx``: its ONNX export); ``--qe K [--qe-alpha A]``
+expands each query with its top K items (αQE) first. ``--filter KEY=VALUE`` / ``--filter "KEY in [A, B]"`` (repeatable,
 ANDed) searches only the items whose metadata matches (``label``: the finest class), exactly. Prints
 each query's top-k (item id, and "no match" below the index's calibrated threshold: ``rankopt
 calibrate``), ``--json`` writes one record per query (``"match"`` per result when calibrated),

@@ -16,7 +16,8 @@ def register(subparsers: Any) -> None:
         "study", help="run one of the papers' studies (resumable): a table and a figure",
         description="Train the runs a study needs (one `rankopt train` per run; finished runs are skipped, "
                     "interrupted ones resumed), measure, and write OUT/study.md (table, command, machine, date, "
-                    "wall time), OUT/study.csv and OUT/*.png. The sweeps (batch_size, lambda, rho, smooth_ap_*) evaluate on a "
+                    "wall time), OUT/study.csv and OUT/*.png. The sweeps (batch_size, lambda, rho, smooth_ap_*) "
+                    "evaluate on a "
                     "validation split carved from the training classes unless --eval-split test.")
     parser.add_argument("name", choices=STUDY_NAMES, help="the study")
     parser.add_argument("--recipe", default="omniglot", help="recipe of every run (default: omniglot)")

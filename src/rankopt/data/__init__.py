@@ -12,8 +12,8 @@ from typing import Any
 
 # Importing the loader modules registers their datasets.
 from rankopt.data import (  # noqa: F401
-    caltech101, cars, csv_dataset, cub, dyml, ijbc, image_folder, inaturalist, inshop, landmarks, omniglot, sop,
-    synthetic, vehicleid, vggface2, yaleb,
+    caltech101, cars, csv_dataset, cub, dyml, ijbc, image_folder, inaturalist, inshop, landmark_datasets, omniglot,
+    sop, synthetic, vehicleid, vggface2, yaleb,
 )
 from rankopt.data.base import (
     DATASETS, SPECS, BadImageError, DatasetProblems, DatasetSpec, LabelFileError, RetrievalDataset,

@@ -26,7 +26,7 @@ from PIL import Image, UnidentifiedImageError
 from rankopt.data.decode import decode_image, decode_jpeg_pixels
 from rankopt.data.image_files import image_exists, pil_to_tensor, read_bytes, to_rgb
 from rankopt.data.face_alignment import ARCFACE_SIZE, align_face
-from rankopt.registry import Registry
+from rankopt.registries import Registry
 
 BAD_IMAGE_POLICIES = ("raise", "skip")
 
@@ -51,7 +51,8 @@ class DatasetProblems(ValueError):
     def __init__(self, name: str, problems: Sequence[str], notes: Sequence[str] = ()) -> None:
         self.problems, self.notes = list(problems), list(notes)
         shown = "\n  ".join(self.problems[:10])
-        more = f"\n  ... and {len(self.problems) - 10} more (rankopt dataset-info lists them all)" if len(self.problems) > 10 else ""
+        more = (f"\n  ... and {len(self.problems) - 10} more (rankopt dataset-info lists them all)"
+                if len(self.problems) > 10 else "")
         super().__init__(f"dataset {name!r}: {len(self.problems)} problem(s):\n  {shown}{more}")
 
 
@@ -127,7 +128,8 @@ class Items:
     ) -> Items:
         """Build from ``(path, raw_labels, split, source)`` rows."""
         if not rows:
-            return cls([], np.empty((0, len(level_names)), dtype=object), np.empty(0, dtype=object), [], level_names, **kwargs)
+            return cls([], np.empty((0, len(level_names)), dtype=object), np.empty(0, dtype=object), [], level_names,
+                       **kwargs)
         paths, labels, splits, sources = zip(*rows)
         label_arr = np.empty((len(rows), len(level_names)), dtype=object)
         label_arr[:] = [tuple(lab) for lab in labels]
@@ -191,21 +193,25 @@ class RetrievalDataset(torch.utils.data.Dataset):
         return len(self.paths)
 
     def _whole_image(self, index: int) -> bool:
-        """Whether item ``index`` is its whole decoded image: no landmarks or box, whose coordinates are in full-size pixels."""
+        """Whether item ``index`` is its whole decoded image: no landmarks or box, whose coordinates are in full-size
+        pixels."""
         return index not in self.landmarks and index not in self.boxes
 
     def read(self, index: int) -> bytes:
-        """The bytes of item ``index``'s file; a :class:`BadImageError` naming it and its line when they cannot be read."""
+        """The bytes of item ``index``'s file; a :class:`BadImageError` naming it and its line when they cannot be
+        read."""
         try:
             return read_bytes(self.paths[index])
         except (OSError, KeyError, zipfile.BadZipFile) as err:
-            raise BadImageError(f"cannot read image {self.paths[index]!r} (listed at {self.sources[index]}): {err}") from err
+            raise BadImageError(f"cannot read image {self.paths[index]!r} (listed at {self.sources[index]}): "
+                                f"{err}") from err
 
     def load(self, index: int, min_side: int | None = None, data: bytes | None = None) -> Image.Image:
         """The decoded RGB image: aligned on its landmarks if it has them, else cropped to its box if
         it has one (the part of the box inside the image: no padding). ``min_side``: the shorter side
         the transform resizes to, allowing a reduced JPEG decode (:func:`load_image`; not for items
-        with landmarks or a box, whose coordinates are in full-size pixels). ``data``: the file's bytes, when read already."""
+        with landmarks or a box, whose coordinates are in full-size pixels). ``data``: the file's bytes, when read
+        already."""
         path = self.paths[index]
         if not self._whole_image(index):
             min_side = None
@@ -231,7 +237,8 @@ class RetrievalDataset(torch.utils.data.Dataset):
     def __getitem__(self, index: int) -> dict[str, Any]:
         min_side = getattr(self.transform, "decode_min_side", None)
         data = self.read(index)
-        # a transform with a fused path takes a JPEG's pixels as decoded (no Pillow image), unless the item is cropped or aligned
+        # a transform with a fused path takes a JPEG's pixels as decoded (no Pillow image), unless the item is cropped
+        # or aligned
         plain = getattr(self.transform, "takes_pixels", False) and self._whole_image(index)
         pixels = decode_jpeg_pixels(data, min_side) if plain else None
         if pixels is not None:
@@ -239,7 +246,8 @@ class RetrievalDataset(torch.utils.data.Dataset):
         else:
             img = self.load(index, min_side, data)
             image = self.transform(img) if self.transform is not None else pil_to_tensor(img)
-        return {"image": image, "label": torch.from_numpy(self.labels[index]), "index": int(index), "path": self.paths[index]}
+        return {"image": image, "label": torch.from_numpy(self.labels[index]), "index": int(index),
+                "path": self.paths[index]}
 
     def summary(self) -> dict[str, Any]:
         """Counts for ``dataset-info``: images and classes per level."""
@@ -277,7 +285,8 @@ class DatasetSpec:
     needs_root: bool = True
     layout: Callable[..., tuple[tuple[str, ...], tuple[str, ...]]] | None = None
 
-    def splits_of(self, root: str | os.PathLike[str] | None = None, **kwargs: Any) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    def splits_of(self, root: str | os.PathLike[str] | None = None,
+                  **kwargs: Any) -> tuple[tuple[str, ...], tuple[str, ...]]:
         """``(splits, evaluation_splits)`` of the copy at ``root`` (the static fields without a layout or root)."""
         if self.layout is None or root is None:
             return self.splits, self.evaluation_splits
@@ -429,7 +438,8 @@ def finalize(
 ) -> RetrievalDataset:
     """Bad-file policy on the items of ``group``, joint remapping over them, then selection of ``split``."""
     rows = np.flatnonzero(np.isin(items.splits, group))
-    keep, bad = _usable([items.paths[r] for r in rows], [items.sources[r] for r in rows], on_bad_image, name, verify_images)
+    keep, bad = _usable([items.paths[r] for r in rows], [items.sources[r] for r in rows], on_bad_image, name,
+                        verify_images)
     rows = rows[keep]
     chosen = items.splits[rows] == split
     if not chosen.any():

@@ -22,7 +22,8 @@ def load_cars(root: Path, split: str) -> Items:
         paths = [str(p) for p in np.atleast_1d(annos["relative_im_path"])]
         classes = np.atleast_1d(annos["class"]).astype(np.int64)
     except (KeyError, ValueError, TypeError) as err:
-        raise ValueError(f"{mat_path}: expected an 'annotations' struct with 'relative_im_path' and 'class' ({err})") from err
+        raise ValueError(f"{mat_path}: expected an 'annotations' struct with 'relative_im_path' and 'class' "
+                         f"({err})") from err
     bad = np.flatnonzero((classes < 1) | (classes > 2 * NUM_TRAIN_CLASSES))
     if bad.size:
         raise ValueError(f"{mat_path}: annotation {int(bad[0]) + 1} has class {int(classes[bad[0]])} outside 1..196")

@@ -106,7 +106,8 @@ def _box(values: list[str]) -> tuple[float, float, float, float] | None:
     if not any(filled):
         return None
     if not all(filled):
-        raise ValueError(f"bounding box {dict(zip(BOX, values))} is partly empty (fill in all of x_1, x_2, y_1, y_2 or none)")
+        raise ValueError(f"bounding box {dict(zip(BOX, values))} is partly empty (fill in all of x_1, x_2, y_1, y_2 or "
+                         "none)")
     x1, y1, x2, y2 = (float(v) for v in values)
     if not (x1 < x2 and y1 < y2):
         raise ValueError(f"bounding box needs x_1 < x_2 and y_1 < y_2, got {dict(zip(BOX, values))}")
@@ -125,7 +126,7 @@ def _level_columns(header: Sequence[str], levels: Sequence[str] | None) -> tuple
 
 
 @dataclass
-class Table:
+class CsvRows:
     """The checked rows of a CSV file: per row its ``file:line``, resolved path, raw labels
     (finest first), split, query/gallery flags (None without those columns) and crop box."""
 
@@ -139,7 +140,8 @@ class Table:
     flags: list[tuple[bool | None, bool | None]] = field(default_factory=list)
     boxes: list[tuple[float, float, float, float] | None] = field(default_factory=list)
     extras: dict[str, list[str]] = field(default_factory=dict)
-    """The optional per-item columns present in the file (:data:`ITEM_COLUMNS`): one string per row, ``""`` when empty."""
+    """The optional per-item columns present in the file (:data:`ITEM_COLUMNS`): one string per row, ``""`` when
+    empty."""
     others: dict[str, list[str]] = field(default_factory=dict)
     """The file's other columns (none of the above): each row's raw text, stripped."""
     problems: list[str] = field(default_factory=list)
@@ -161,7 +163,7 @@ def _unify(labels: list[tuple[int | str, ...]]) -> list[tuple[int | str, ...]]:
     return list(zip(*columns))
 
 
-def _disjointness(table: Table) -> list[str]:
+def _disjointness(table: CsvRows) -> list[str]:
     """A finest label in train and in an evaluation split, named with one row of each."""
     first: dict[tuple[str, int | str], str] = {}
     for source, labels, split in zip(table.sources, table.labels, table.splits):
@@ -175,9 +177,9 @@ def _disjointness(table: Table) -> list[str]:
 def read_table(
     file: Path | None, *, dataset_root: str | os.PathLike[str] | None = None, levels: Sequence[str] | None = None,
     class_disjoint: bool = True, keep_going: bool = False,
-) -> Table:
+) -> CsvRows:
     """Read and check a CSV file in OML's format; every problem is raised together (with ``keep_going``,
-    for ``dataset-info``: kept in ``Table.problems`` when some rows are usable, the bad rows left out)."""
+    for ``dataset-info``: kept in ``CsvRows.problems`` when some rows are usable, the bad rows left out)."""
     if file is None:
         raise ValueError(f"dataset {NAME!r} needs root=<the CSV file>")
     file = Path(file).expanduser()
@@ -196,7 +198,7 @@ def read_table(
             missing.append(next(c for c in FLAGS if c not in header))
         if missing:
             raise label_file_error(file, 1, f"missing column(s) {missing}; header: {','.join(header) or '(empty)'}")
-        table = Table(file, level_names, bool(flags))
+        table = CsvRows(file, level_names, bool(flags))
         has_box = all(c in header for c in BOX)
         table.extras = {c: [] for c in ITEM_COLUMNS if c in header}
         used = {"path", "split", *level_names, *FLAGS, *BOX, *ITEM_COLUMNS}
@@ -215,7 +217,8 @@ def read_table(
                     raise ValueError("empty path")
                 path = Path(get["path"]).expanduser()
                 path_text = str(path if path.is_absolute() else base / path)
-                flagged = (_flag(get["is_query"], "is_query"), _flag(get["is_gallery"], "is_gallery")) if flags else (None, None)
+                flagged = ((_flag(get["is_query"], "is_query"), _flag(get["is_gallery"], "is_gallery")) if flags
+                           else (None, None))
                 box = _box([get[c] for c in BOX]) if has_box else None
                 extras = {c: _item_id(get[c], c) for c in table.extras}
             except ValueError as err:
@@ -280,7 +283,8 @@ def load_csv(root: Path | None, split: str, **kwargs: Any) -> Items:
     if both:
         extra["query"]["gallery_contains_queries"] = True
     per_item = {column: np.asarray(values, dtype=str)[origin] for column, values in table.extras.items()}
-    per_item |= {OTHER_COLUMN + column: np.asarray(values, dtype=str)[origin] for column, values in table.others.items()}
+    per_item |= {OTHER_COLUMN + column: np.asarray(values, dtype=str)[origin]
+                 for column, values in table.others.items()}
     return Items.from_rows(rows, table.level_names, boxes=boxes, extra=extra, per_item=per_item)
 
 
@@ -292,7 +296,8 @@ SPEC = register_dataset(
         level_names=("label",),
         splits=(*SPLITS, "query", "gallery"),
         evaluation_splits=("query", "gallery"),
-        native_files=("FILE.csv (label,path,split[,is_query,is_gallery][,label_1|category][,sequence][,x_1,x_2,y_1,y_2])",),
+        native_files=("FILE.csv "
+                      "(label,path,split[,is_query,is_gallery][,label_1|category][,sequence][,x_1,x_2,y_1,y_2])",),
         load=load_csv,
         needs_root=False,
         layout=csv_layout,

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from rankopt.data.base import DatasetSpec, Items, label_file_error, parse_int, read_lines, register_dataset, split_fields
+from rankopt.data.base import (DatasetSpec, Items, label_file_error, parse_int, read_lines, register_dataset,
+                               split_fields)
 
 NUM_TRAIN_CLASSES = 100
 
@@ -37,7 +38,8 @@ def load_cub(root: Path, split: str) -> Items:
                 class_of[image_id] = parse_int(class_id, labels_file, line, "class_id")
         for line, text in read_lines(listing):
             image_id, rel = split_fields(text, 2, listing, line)
-            cls = class_of[image_id] if image_id in class_of else _class_from_folder(rel.split("/", 1)[0], listing, line)
+            cls = (class_of[image_id] if image_id in class_of
+                   else _class_from_folder(rel.split("/", 1)[0], listing, line))
             entries.append((rel, _checked(cls, listing, line), f"{listing}:{line}"))
     else:
         images = root / "images"

@@ -77,7 +77,8 @@ def decode_jpeg_pixels(data: bytes, min_side: int | None = None) -> np.ndarray |
     scale = draft_scale(width, height, min_side)
     shape = (-(-height // scale), -(-width // scale), 3)
     try:
-        pixels = simplejpeg.decode_jpeg(data, colorspace="RGB", min_factor=scale, min_height=shape[0], min_width=shape[1])
+        pixels = simplejpeg.decode_jpeg(data, colorspace="RGB", min_factor=scale, min_height=shape[0],
+                                        min_width=shape[1])
     except (ValueError, RuntimeError, OSError):  # truncated or damaged data
         return None
     if pixels.shape != shape:
@@ -141,6 +142,7 @@ def _tiff_orientation(tiff: bytes) -> int | None:
         return None
     for first in range(ifd + 2, ifd + 2 + 12 * entries, 12):
         if int.from_bytes(tiff[first : first + 2], order) == 0x0112:
-            kind, count = int.from_bytes(tiff[first + 2 : first + 4], order), int.from_bytes(tiff[first + 4 : first + 8], order)
+            kind, count = (int.from_bytes(tiff[first + 2 : first + 4], order),
+                           int.from_bytes(tiff[first + 4 : first + 8], order))
             return int.from_bytes(tiff[first + 8 : first + 10], order) if (kind, count) == (3, 1) else None
     return 1

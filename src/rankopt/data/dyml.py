@@ -21,7 +21,8 @@ LABEL_COLUMNS = ("fine_id", "middle_id", "coarse_id")
 GRANULARITIES = ("fine", "middle", "coarse")
 
 
-def _split_header(fields: list[str], names: tuple[str, ...], path: Path, line: int) -> tuple[list[str], list[str] | None]:
+def _split_header(fields: list[str], names: tuple[str, ...], path: Path,
+                  line: int) -> tuple[list[str], list[str] | None]:
     """The header and, when the first data row is glued to it (``fine_id0.jpg, 3, 7, 15``), that row."""
     header = fields[: len(names)]
     glued = next((c for c in names if header and header[-1] != c and header[-1].startswith(c)), None)
@@ -30,7 +31,8 @@ def _split_header(fields: list[str], names: tuple[str, ...], path: Path, line: i
         first = [header[-1][len(glued) :], *fields[len(names) :]]
         header[-1] = glued
     if sorted(header) != sorted(names) or len(first if first is not None else fields) != len(names):
-        raise label_file_error(path, line, f"expected a header with columns {', '.join(names)}, got {', '.join(fields)!r}")
+        raise label_file_error(path, line,
+                               f"expected a header with columns {', '.join(names)}, got {', '.join(fields)!r}")
     return header, first
 
 
@@ -54,7 +56,8 @@ def read_dyml_csv(path: Path, columns: tuple[str, ...]) -> list[tuple[int, dict[
     return rows
 
 
-def _labelled(path: Path, folder: Path, split: str, columns: tuple[str, ...]) -> list[tuple[str, tuple[int, ...], str, str]]:
+def _labelled(path: Path, folder: Path, split: str,
+              columns: tuple[str, ...]) -> list[tuple[str, tuple[int, ...], str, str]]:
     return [
         (str(folder / row["fname"]), tuple(parse_int(row[c], path, line, c) for c in columns), split, f"{path}:{line}")
         for line, row in read_dyml_csv(path, columns)
@@ -68,7 +71,8 @@ def load_dyml(root: Path, split: str, subset: str, granularity: str = "fine") ->
     if granularity not in GRANULARITIES:
         raise ValueError(f"dyml granularity must be one of {GRANULARITIES}, got {granularity!r}")
     bench = root / f"bmk_{granularity}"
-    rows = [r for kind in ("query", "gallery") for r in _labelled(bench / f"{kind}.csv", bench / kind, kind, ("labels",))]
+    rows = [r for kind in ("query", "gallery")
+            for r in _labelled(bench / f"{kind}.csv", bench / kind, kind, ("labels",))]
     note = {"granularity": granularity, "gallery_contains_queries": True}
     return Items.from_rows(rows, (granularity,), extra={"query": note, "gallery": note})
 
@@ -80,12 +84,14 @@ for _subset, _classes in PUBLISHED_CLASSES.items():
         DatasetSpec(
             name=f"dyml_{_subset}",
             description=f"DyML-{_subset.title()} (fine -> middle -> coarse)"
-            + ("; test = mini-bmk_all_in_one self-retrieval" if _subset == "product" else "; query/gallery per granularity= option"),
+            + ("; test = mini-bmk_all_in_one "
+               "self-retrieval" if _subset == "product" else "; query/gallery per granularity= option"),
             level_names=LEVEL_NAMES,
             splits=_splits,
             evaluation_splits=("test",) if _subset == "product" else ("query", "gallery"),
             native_files=("train/label.csv", "train/imgs/")
-            + (("mini-bmk_all_in_one/label.csv",) if _subset == "product" else ("bmk_{fine,middle,coarse}/{query,gallery}.csv",)),
+            + (("mini-bmk_all_in_one/label.csv",) if _subset == "product"
+               else ("bmk_{fine,middle,coarse}/{query,gallery}.csv",)),
             load=partial(load_dyml, subset=_subset),
             published={"train": dict(zip(LEVEL_NAMES, _classes))},
         )

@@ -164,7 +164,8 @@ def _loose_crop_faces(root: Path, subject_of: dict[int, int], problems: list[str
         elif template not in subject_of:
             problems.append(f"{listing}:{line}: template {template} is in none of {', '.join(PROTOCOL_FILES)}")
         else:
-            index_of[name] = face = faces.add(str(root / "loose_crop" / name), subject_of[template], media, f"{listing}:{line}")
+            index_of[name] = face = faces.add(str(root / "loose_crop" / name), subject_of[template], media,
+                                              f"{listing}:{line}")
             faces.templates.append((template, face))
     return faces, index_of
 
@@ -215,7 +216,8 @@ def _release_faces(root: Path, rows: list[tuple[str, int, int, dict[str, str]]],
                 problems.append(f"{source}: empty FILENAME")
                 continue
             if not all(math.isfinite(v) for v in (x, y, width, height)) or width <= 0 or height <= 0:
-                problems.append(f"{source}: face box must be finite with FACE_WIDTH, FACE_HEIGHT > 0, got {', '.join(described[0])}")
+                problems.append(f"{source}: face box must be finite with FACE_WIDTH, FACE_HEIGHT > 0, got "
+                                f"{', '.join(described[0])}")
                 continue
             sighting = described[1]
             without_sighting += not sighting
@@ -236,7 +238,8 @@ def _release_faces(root: Path, rows: list[tuple[str, int, int, dict[str, str]]],
 
 
 # --------------------------------------------------------------------------- template pairs
-def _int_rows(path: Path, width: int, delimiter: str | None, problems: list[str]) -> tuple[np.ndarray, np.ndarray | None]:
+def _int_rows(path: Path, width: int, delimiter: str | None,
+              problems: list[str]) -> tuple[np.ndarray, np.ndarray | None]:
     """``(rows (R, width) int64, line of each row)`` of ``path`` (numpy's parser; a line-by-line pass
     only when it fails, to name the malformed lines, which are left out). Line numbers are None when
     every non-empty line is a row (row ``r`` is then the ``r``-th non-empty line)."""
@@ -303,7 +306,8 @@ def _template_pairs(folder: Path, subject_of: dict[int, int], problems: list[str
 
 
 # --------------------------------------------------------------------------- loader
-def _identity_filter(faces: _Faces, usable: np.ndarray, min_instances: int, notes: list[str]) -> tuple[np.ndarray, np.ndarray]:
+def _identity_filter(faces: _Faces, usable: np.ndarray, min_instances: int,
+                     notes: list[str]) -> tuple[np.ndarray, np.ndarray]:
     """``(kept, media)``: the faces of the subjects with ``>= min_instances`` distinct media among
     their usable faces (Smooth-AP §5.1), and each usable face's media id (its (subject, media key)
     pair, numbered in order of appearance; -1 for the others)."""
@@ -315,7 +319,8 @@ def _identity_filter(faces: _Faces, usable: np.ndarray, min_instances: int, note
     kept = usable & np.isin(np.asarray(faces.subjects, dtype=np.int64), np.asarray(kept_subjects, dtype=np.int64))
     if len(kept_subjects) < len(count):
         notes.append(f"identity filter (Smooth-AP §5.1): {len(count) - len(kept_subjects)} of {len(count)} subject(s) "
-                     f"have fewer than {min_instances} media; their {int((usable & ~kept).sum())} image(s) are left out")
+                     f"have fewer than {min_instances} media; their {int((usable & ~kept).sum())} image(s) are left "
+                     "out")
     return kept, media
 
 

@@ -179,7 +179,8 @@ def _listed_split(
             for cls in under[entry]:
                 first = listed.setdefault(cls, (side, f"{file}:{line}"))
                 if first[0] != side:
-                    problems.append(f"class {cls!r} is listed for {first[0]} ({first[1]}) and for {side} ({file}:{line})")
+                    problems.append(f"class {cls!r} is listed for {first[0]} ({first[1]}) and for {side} "
+                                    f"({file}:{line})")
     assignment = {cls: side for cls, (side, _) in listed.items()}
     if len(lists) == 1:
         (side,) = lists
@@ -188,16 +189,19 @@ def _listed_split(
     return assignment, problems
 
 
-def _drawn_split(classes: Sequence[str], depth: int, root: Path, fraction: float, level: int, seed: int) -> dict[str, str]:
+def _drawn_split(classes: Sequence[str], depth: int, root: Path, fraction: float, level: int,
+                 seed: int) -> dict[str, str]:
     """Split of each class: the level-``level`` groups held out by ``held_out_classes`` go to test."""
     if not 0.0 < fraction < 1.0:
         raise ValueError(f"{NAME}: test_fraction must be in (0, 1), got {fraction}")
     if not -depth <= level < depth:
-        raise ValueError(f"{NAME}: split_level must be in [{-depth}, {depth - 1}] for a tree of {depth} level(s), got {level}")
+        raise ValueError(f"{NAME}: split_level must be in [{-depth}, {depth - 1}] for a tree of {depth} level(s), got "
+                         f"{level}")
     group = {cls: _levels(cls, depth)[level] for cls in classes}
     if len(set(group.values())) < 2:
         raise ValueError(f"{NAME}: cannot split {str(root)!r} class-disjointly at level {level}: it has "
-                         f"{len(set(group.values()))} folder(s) there (need at least 2; or use train/ and test/ folders)")
+                         f"{len(set(group.values()))} folder(s) there (need at least 2; or use train/ and test/ "
+                         "folders)")
     held = set(held_out_classes(np.array(sorted(set(group.values()))), fraction, seed=seed).tolist())
     return {cls: "test" if group[cls] in held else "train" for cls in classes}
 
@@ -237,7 +241,8 @@ def _from_split_folders(
         trees.append((s, classes, depth))
     depths = {s: d for s, _, d in trees if d}
     if len(set(depths.values())) > 1:
-        problems.append(f"split folders of {str(root)!r} have different depths {depths}: every split needs the same levels")
+        problems.append(f"split folders of {str(root)!r} have different depths {depths}: every split needs the same "
+                        "levels")
     if class_disjoint:
         train = trees[0][1]
         for s, classes, _ in trees[1:]:
@@ -293,7 +298,8 @@ def load_image_folder(
                 notes.append(f"{left_out} class(es) in neither class list are left out")
             class_split = {s: sorted(c for c, side in assignment.items() if side == s) for s in ("train", "test")}
             extra = {s: {"class_split": {**class_split, "how": how, "left_out": left_out}} for s in ("train", "test")}
-        trees = [(s, {c: imgs for c, imgs in classes.items() if assignment.get(c) == s}, depth) for s in ("train", "test", "all")]
+        trees = [(s, {c: imgs for c, imgs in classes.items() if assignment.get(c) == s}, depth)
+                 for s in ("train", "test", "all")]
     if problems and not (keep_going and any(classes for _, classes, _ in trees)):
         raise DatasetProblems(NAME, problems, notes)
     depth = max(d for _, _, d in trees)

@@ -54,7 +54,8 @@ def _taxonomy(root: Path) -> dict[int, tuple[int | str, ...]]:
         if path.is_file():
             break
     else:
-        raise FileNotFoundError(f"inat_full needs {str(root / 'train2018.json')!r} (or categories.json) for the taxonomy")
+        raise FileNotFoundError(f"inat_full needs {str(root / 'train2018.json')!r} (or categories.json) for the "
+                                "taxonomy")
     with open(path, encoding="utf-8") as fh:
         data = json.load(fh)
     categories = data["categories"] if isinstance(data, dict) else data

@@ -31,7 +31,8 @@ def load_inshop(root: Path, split: str) -> Items:
         fields = split_fields(text, 3, listing, line)
         if line == 2:
             if fields != ["image_name", "item_id", "evaluation_status"]:
-                raise label_file_error(listing, 2, f"expected the header 'image_name item_id evaluation_status', got {text!r}")
+                raise label_file_error(listing, 2,
+                                       f"expected the header 'image_name item_id evaluation_status', got {text!r}")
             continue
         rel, item, status = fields
         if status not in SPLITS:

@@ -47,7 +47,8 @@ def load_omniglot(root: Path, split: str, train_set: str = "background", alphabe
     for i, (path, member) in enumerate(members, start=1):
         parts = member.split("/")
         if len(parts) != 4 or parts[0] != folder:
-            raise label_file_error(container, i, f"unexpected entry {member!r} (want {folder}/<alphabet>/<character>/<file>.png)")
+            raise label_file_error(container, i,
+                                   f"unexpected entry {member!r} (want {folder}/<alphabet>/<character>/<file>.png)")
         _, alphabet, character, _ = parts
         rows.append((path, (f"{alphabet}/{character}", alphabet), split, f"{container}:{member}"))
     if alphabets is not None:

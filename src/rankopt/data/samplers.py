@@ -81,7 +81,8 @@ class _ShardedBatchSampler(Sampler[list[int]]):
     """Common part: epoch plans, sharding, resumable position."""
 
     def __init__(
-        self, labels: Any, level: int, batch_size: int, m: int, seed: int, rank: int | None, world_size: int | None, policy: str
+        self, labels: Any, level: int, batch_size: int, m: int, seed: int, rank: int | None, world_size: int | None,
+        policy: str
     ) -> None:
         if m < 1 or batch_size < 1 or batch_size % m:
             raise ValueError(f"batch_size ({batch_size}) must be a positive multiple of m ({m})")
@@ -261,7 +262,8 @@ class HierarchicalBatchSampler(_ShardedBatchSampler):
 
     def _plan(self, rng: np.random.Generator) -> list[np.ndarray]:
         pool = _ClassPool(self.column, rng)
-        members = {int(s): rng.permutation(np.flatnonzero((self.class_super == s) & self.eligible)) for s in self.super_ids}
+        members = {int(s): rng.permutation(np.flatnonzero((self.class_super == s) & self.eligible))
+                   for s in self.super_ids}
         class_ptr = dict.fromkeys(members, 0)
         image_ptr = np.zeros(pool.sizes.size, dtype=np.int64)
         tuples = list(itertools.combinations(members, self.super_classes_per_batch)) * self.batches_per_super_tuple

@@ -6,7 +6,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from rankopt.data.base import DatasetSpec, Items, label_file_error, parse_int, read_lines, register_dataset, split_fields
+from rankopt.data.base import (DatasetSpec, Items, label_file_error, parse_int, read_lines, register_dataset,
+                               split_fields)
 
 HEADER = ["image_id", "class_id", "super_class_id", "path"]
 LEVEL_NAMES = ("product", "category")

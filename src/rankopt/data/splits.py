@@ -48,7 +48,8 @@ def subset(dataset: RetrievalDataset, indices: Sequence[int] | np.ndarray, split
         [dataset.paths[r] for r in rows], remap_labels(dataset.labels[rows]), split, dataset.level_names,
         dataset.transform, name=dataset.name, sources=[dataset.sources[r] for r in rows],
         boxes={position[r]: b for r, b in dataset.boxes.items() if r in position}, metadata=metadata,
-        landmarks={position[r]: p for r, p in dataset.landmarks.items() if r in position}, align_size=dataset.align_size,
+        landmarks={position[r]: p for r, p in dataset.landmarks.items() if r in position},
+        align_size=dataset.align_size,
     )
 
 

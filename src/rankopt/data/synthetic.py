@@ -87,7 +87,8 @@ SHAPES: dict[str, tuple[str, list[tuple[np.ndarray, bool]]]] = {
     "plus": ("star", [(_poly(-0.3, -1, 0.3, -1, 0.3, -0.3, 1, -0.3, 1, 0.3, 0.3, 0.3,
                              0.3, 1, -0.3, 1, -0.3, 0.3, -1, 0.3, -1, -0.3, -0.3, -0.3), True)]),
     "arrow": ("glyph", [(_poly(0, -1, 0.8, -0.1, 0.3, -0.1, 0.3, 1, -0.3, 1, -0.3, -0.1, -0.8, -0.1), True)]),
-    "tee": ("glyph", [(_poly(-0.9, -1, 0.9, -1, 0.9, -0.55, 0.25, -0.55, 0.25, 1, -0.25, 1, -0.25, -0.55, -0.9, -0.55), True)]),
+    "tee": ("glyph",
+            [(_poly(-0.9, -1, 0.9, -1, 0.9, -0.55, 0.25, -0.55, 0.25, 1, -0.25, 1, -0.25, -0.55, -0.9, -0.55), True)]),
     "chevron": ("glyph", [(_poly(-0.9, -0.2, 0, -1, 0.9, -0.2, 0.9, 0.4, 0, -0.4, -0.9, 0.4), True)]),
     "cup": ("glyph", [(_poly(-0.9, -1, -0.45, -1, -0.45, 0.5, 0.45, 0.5, 0.45, -1, 0.9, -1, 0.9, 1, -0.9, 1), True)]),
     "eich": ("glyph", [(_poly(-0.9, -1, -0.45, -1, -0.45, -0.2, 0.45, -0.2, 0.45, -1, 0.9, -1,
@@ -173,7 +174,8 @@ def _settings(seed: int, images_per_class: int, image_size: int) -> dict[str, An
     }
 
 
-def _generate_class(folder: Path, cls: dict[str, Any], seed: int, images_per_class: int, image_size: int) -> list[list[Any]]:
+def _generate_class(folder: Path, cls: dict[str, Any], seed: int, images_per_class: int,
+                    image_size: int) -> list[list[Any]]:
     """Render and write one class's images (its own RNG, so any process order gives the same files)."""
     rng = np.random.default_rng([seed, cls["variant"]])
     sub = Path(cls["split"]) / f"{cls['variant']:03d}_{cls['name']}"
@@ -256,13 +258,15 @@ def ensure_generated(
     return folder, manifest
 
 
-def load_synthetic(root: Path | None, split: str, seed: int = 0, images_per_class: int = 16, image_size: int = 56) -> Items:
+def load_synthetic(root: Path | None, split: str, seed: int = 0, images_per_class: int = 16,
+                   image_size: int = 56) -> Items:
     folder, manifest = ensure_generated(root, seed, images_per_class, image_size)
     rows = [
         (str(folder / rel), (variant, shape, family), item_split, f"{folder / 'manifest.json'}:item {i}")
         for i, (rel, item_split, variant, shape, family, _) in enumerate(manifest["items"])
     ]
-    note = {"synthetic": True, "generator_version": GENERATOR_VERSION, "seed": seed, "image_size": image_size, "cache": str(folder)}
+    note = {"synthetic": True, "generator_version": GENERATOR_VERSION, "seed": seed, "image_size": image_size,
+            "cache": str(folder)}
     return Items.from_rows(rows, LEVEL_NAMES, extra={"train": note, "test": note})
 
 

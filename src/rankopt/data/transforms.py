@@ -11,8 +11,8 @@ preset              ops (then ImageNet mean/std normalisation)
 ``landmark_test``   resize to 224 x 224 (multi-scale evaluation rescales this by 1, 1/sqrt 2, 1/2)
 ``synthetic_train`` RandomResizedCrop 48 of the 56 px synthetic images, scale (0.5, 1), h-flip
 ``synthetic_test``  resize 56, center crop 48
-``omniglot_train``  area-resize to 32 x 32, random affine (rotation ±10°, shift ±8 %, scale 0.9-1.1, white fill), no flip
-``omniglot_test``   area-resize to 32 x 32
+``omniglot_train``  area-resize to 32 x 32, random affine (rotation ±10°, shift ±8 %, scale 0.9-1.1, white fill), no
+flip ``omniglot_test``   area-resize to 32 x 32
 ``vggface2_train``  resize to 224 x 224, h-flip; 0-255 minus the VGGFace2 mean face, RGB (SENet-50 PyTorch release)
 ``vggface2_test``   resize to 224 x 224; same input convention
 ``arcface_train``   resize to 112 x 112 (aligned crops already are), h-flip; (x - 0.5) / 0.5 (IResNet release)
@@ -28,8 +28,8 @@ ArcFace on 112 x 112 crops aligned by 5 landmarks; each with the input conventio
 
 ``image_size`` replaces the output size: ``S`` (or ``"S"``) keeps the preset's aspect (square presets
 become ``S x S``, ``mobilefacenet`` ``S x round(S·96/112)``), ``"HxW"`` (or ``(H, W)``) sets both; the resize
-step keeps its ratio to the crop (256/224 for ``train``). The other presets normalise by the ImageNet mean/std. Randomness comes from torch's global RNG (deterministic given
-its state, e.g. per DataLoader worker seed).
+step keeps its ratio to the crop (256/224 for ``train``). The other presets normalise by the ImageNet mean/std.
+Randomness comes from torch's global RNG (deterministic given its state, e.g. per DataLoader worker seed).
 """
 
 from __future__ import annotations

@@ -34,7 +34,8 @@ SPEC = register_dataset(
         level_names=("vehicle",),
         splits=("train", "test"),
         evaluation_splits=("test",),
-        native_files=("train_test_split/train_list.txt", "train_test_split/test_list_{800,1600,2400}.txt", "image/*.jpg"),
+        native_files=("train_test_split/train_list.txt", "train_test_split/test_list_{800,1600,2400}.txt",
+                      "image/*.jpg"),
         load=load_vehicleid,
         published={
             "train": {"images": 110178, "vehicle": 13134},

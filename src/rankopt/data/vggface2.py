@@ -83,7 +83,8 @@ def _loose_boxes(table: Path, listed: dict[str, tuple[str, int]], extension: flo
             if not any(f.strip() for f in fields):
                 continue
             if len(fields) != len(BOX_HEADER):
-                problems.append(f"{table}:{line}: expected {len(BOX_HEADER)} fields, got {len(fields)}: {','.join(fields)[:80]!r}")
+                problems.append(f"{table}:{line}: expected {len(BOX_HEADER)} fields, got {len(fields)}: "
+                                f"{','.join(fields)[:80]!r}")
                 continue
             name = fields[0].strip()
             try:
@@ -92,7 +93,8 @@ def _loose_boxes(table: Path, listed: dict[str, tuple[str, int]], extension: flo
                 problems.append(f"{table}:{line}: X, Y, W, H must be numbers, got {','.join(fields[1:])!r}")
                 continue
             if not all(math.isfinite(v) for v in (x, y, width, height)) or width <= 0 or height <= 0:
-                problems.append(f"{table}:{line}: box of {name!r} must be finite with W, H > 0, got W={width:g} H={height:g}")
+                problems.append(f"{table}:{line}: box of {name!r} must be finite with W, H > 0, got W={width:g} "
+                                f"H={height:g}")
             elif name not in listed:
                 problems.append(f"{table}:{line}: box for {name!r}, an image the list file does not list")
             elif name in first_line:
@@ -118,7 +120,8 @@ def load_vggface2(root: Path, split: str, crop: str | None = "loose", box_extens
     if crop == "loose":
         table = _native_file(root, f"bb_landmark/loose_bb_{split}.csv")
         boxes = _loose_boxes(table, listed, box_extension, problems)
-        problems += [f"{listing}:{line}: no box for {name!r} in {table}" for name, (_, line) in listed.items() if name not in boxes]
+        problems += [f"{listing}:{line}: no box for {name!r} in "
+                     f"{table}" for name, (_, line) in listed.items() if name not in boxes]
     rows, kept_boxes = [], {}
     for name, (identity, line) in listed.items():
         if boxes is not None:

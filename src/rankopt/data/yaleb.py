@@ -83,7 +83,8 @@ def load_yaleb(root: Path, split: str, keep_going: bool = False) -> Items:
 SPEC = register_dataset(
     DatasetSpec(
         name=NAME,
-        description="Extended Yale B cropped faces (subject) under 64 lightings (ambient and marked-bad images left out); "
+        description="Extended Yale B cropped faces (subject) under 64 lightings (ambient and marked-bad images left "
+                    "out); "
                     "subjects 1-20 train, 21-39 test (leave-one-out); per-item pose, azimuth, elevation",
         level_names=("subject",),
         splits=("train", "test"),

@@ -87,7 +87,8 @@ def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") 
         raise ValueError(_refused_message(path, str(err))) from None
     except (RuntimeError, EOFError) as err:
         first = str(err).splitlines()[0] if str(err) else type(err).__name__
-        raise ValueError(f"cannot read checkpoint {str(path)!r}: {first} (truncated, or not written by torch.save?)") from None
+        raise ValueError(f"cannot read checkpoint {str(path)!r}: {first} (truncated, or not written by "
+                         "torch.save?)") from None
     if not isinstance(state, dict):
         raise ValueError(f"checkpoint {str(path)!r} holds a {type(state).__name__}, not a dict")
     return state

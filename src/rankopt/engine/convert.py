@@ -82,7 +82,8 @@ def convert_released_weights(
                              f"model.backbone={backbone}", f"model.pooling={pooling}", "model.pretrained=false"])
     cfg.data.image_size = canonical_image_size(image_size)
     cfg.model.embedding_dim = embedding_dim
-    cfg.description = f"released weights {path.name} of {backbone}, converted by rankopt convert (not trained by rankopt)"
+    cfg.description = (f"released weights {path.name} of {backbone}, converted by rankopt convert (not trained by "
+                       "rankopt)")
     loading = dataclasses.replace(cfg, model=dataclasses.replace(
         cfg.model, pretrained=True, kwargs={**cfg.model.kwargs, "pretrained_path": str(path)}))
     model = build_model(loading).eval()

@@ -30,7 +30,8 @@ QUERY_COUNTING = ("finest", "any_level", "all")
 
 @dataclass(frozen=True)
 class DistInfo:
-    """Where this process sits: ``rank`` of ``world_size``, ``local_rank`` on its node, ``backend`` (None: one process)."""
+    """Where this process sits: ``rank`` of ``world_size``, ``local_rank`` on its node, ``backend`` (None: one
+    process)."""
 
     rank: int = 0
     world_size: int = 1
@@ -177,7 +178,8 @@ def _counted_queries(labels: Tensor, retrieval_labels: Tensor, counting: str) ->
     """How many queries (item ``i`` of the retrieval set ``retrieval_labels``) enter the loss's mean."""
     if counting == "all":
         return labels.shape[0]
-    relevant = same_class(labels, retrieval_labels) if counting == "finest" else relevance_levels(labels, retrieval_labels) > 0
+    relevant = (same_class(labels, retrieval_labels) if counting == "finest"
+                else relevance_levels(labels, retrieval_labels) > 0)
     relevant &= ~self_mask(labels.shape[0], retrieval_labels.shape[0], device=labels.device)
     return int(relevant.any(dim=1).sum())
 
@@ -203,8 +205,8 @@ class DistributedLoss(nn.Module):
     (another item of the same finest class: binary AP/recall losses), ``"any_level"``
     (another item sharing any level: H-AP, NDCG), ``"all"`` (every query: proxy
     losses); by default ``"any_level"`` for losses with ``hierarchical = True``, else
-    ``"finest"`` (the rule of :class:`rankopt.losses.RankLoss`); (3) the model has no cross-sample batch statistics (frozen BN).
-    Losses with ``accepts_reference = False`` (proxies) are computed on the local
+    ``"finest"`` (the rule of :class:`rankopt.losses.RankLoss`); (3) the model has no cross-sample batch statistics
+    (frozen BN). Losses with ``accepts_reference = False`` (proxies) are computed on the local
     batch only and scaled with ``counting="all"``. The loss's own parameters are
     not managed by DDP: call :func:`average_gradients` on them after backward.
     """
@@ -227,7 +229,8 @@ class DistributedLoss(nn.Module):
         labels = check_labels(labels, embeddings.shape[0])
         if not self.accepts_reference:
             if ref_embeddings is not None:
-                raise TypeError(f"{type(self.loss).__name__} does not accept a reference set (accepts_reference is False)")
+                raise TypeError(f"{type(self.loss).__name__} does not accept a reference set (accepts_reference is "
+                                "False)")
             local, zero = self.loss(embeddings, labels), embeddings.sum() * 0
             q_local = labels.shape[0]
         else:
@@ -240,8 +243,10 @@ class DistributedLoss(nn.Module):
                 if ref_labels is None:
                     raise ValueError("ref_labels must be given with ref_embeddings")
                 others = torch.cat([others, ref_embeddings.to(others.dtype)])
-                other_labels = torch.cat([other_labels, check_labels(ref_labels, ref_embeddings.shape[0], "ref_labels")])
-            local = self._call(embeddings, labels, others, other_labels) if others.shape[0] else self._call(embeddings, labels)
+                other_labels = torch.cat([other_labels,
+                                          check_labels(ref_labels, ref_embeddings.shape[0], "ref_labels")])
+            local = self._call(embeddings, labels, others,
+                               other_labels) if others.shape[0] else self._call(embeddings, labels)
             zero = gathered.sum() * 0  # keeps every rank on the gather's backward (a collective)
             q_local = _counted_queries(labels, torch.cat([labels, other_labels]), self.counting)
         q_total = torch.tensor(float(q_local), device=embeddings.device)
@@ -250,7 +255,8 @@ class DistributedLoss(nn.Module):
             return zero
         return local * (dist.get_world_size() * q_local / float(q_total)) + zero
 
-    def _call(self, embeddings: Tensor, labels: Tensor, ref_embeddings: Tensor | None, ref_labels: Tensor | None = None) -> Tensor:
+    def _call(self, embeddings: Tensor, labels: Tensor, ref_embeddings: Tensor | None,
+              ref_labels: Tensor | None = None) -> Tensor:
         if ref_embeddings is None:
             return self.loss(embeddings, labels)
         return self.loss(embeddings, labels, ref_embeddings, ref_labels)

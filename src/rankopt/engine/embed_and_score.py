@@ -175,7 +175,8 @@ def _media_instances(split: EmbeddedSplit, embeddings: torch.Tensor) -> tuple[to
     means, media_ids = group_mean(embeddings, media)  # checks media: (N,) integer ids
     item_labels = check_labels(split.labels, embeddings.shape[0], "labels")
     group = torch.searchsorted(media_ids, media.long())
-    first = torch.full((media_ids.numel(),), group.numel()).scatter_reduce(0, group, torch.arange(group.numel()), "amin")
+    first = torch.full((media_ids.numel(),), group.numel()).scatter_reduce(0, group, torch.arange(group.numel()),
+                                                                           "amin")
     labels = item_labels[first]
     mixed = (item_labels != labels[group]).any(dim=1).nonzero().flatten()
     if mixed.numel():
@@ -195,7 +196,8 @@ def sequence_groups(query: EmbeddedSplit, ref: EmbeddedSplit) -> tuple[torch.Ten
     names = np.concatenate([np.asarray(split.metadata.get(SEQUENCE, [""] * len(split.paths)), dtype=str).reshape(-1)
                             for split in (query, ref)])
     if names.size != len(query.paths) + len(ref.paths):
-        raise ValueError(f"metadata['sequence'] must hold one entry per item ({len(query.paths)} queries, {len(ref.paths)} references)")
+        raise ValueError(f"metadata['sequence'] must hold one entry per item ({len(query.paths)} queries, "
+                         f"{len(ref.paths)} references)")
     codes = np.where(names == "", -1, np.unique(names, return_inverse=True)[1].reshape(-1))
     groups = torch.as_tensor(codes.astype(np.int64))
     return groups[: len(query.paths)], groups[len(query.paths) :]
@@ -230,9 +232,11 @@ def score(splits: Sequence[EmbeddedSplit], cfg: EvalConfig, *, device: torch.dev
     query = splits[0]
     ref = splits[1] if len(splits) == 2 else None
     if ref is not None and any("media" in split.metadata for split in splits):
-        raise ValueError("media averaging (metadata['media']) serves self-retrieval only: score one split, not a query and a gallery")
+        raise ValueError("media averaging (metadata['media']) serves self-retrieval only: score one split, not a query "
+                         "and a gallery")
     if "media" in query.metadata and (SEQUENCE in query.metadata or CATEGORY in query.metadata):
-        raise ValueError("metadata['sequence'] and metadata['category'] are per item; media averaging (metadata['media']) scores media instances")
+        raise ValueError("metadata['sequence'] and metadata['category'] are per item; media averaging "
+                         "(metadata['media']) scores media instances")
     groups = sequence_groups(query, query if ref is None else ref)
     own = None
     if ref is not None and query.metadata.get("gallery_contains_queries"):

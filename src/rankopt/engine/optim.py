@@ -31,7 +31,8 @@ def build_optimizer(params: Iterable[torch.nn.Parameter] | list[dict], cfg: Opti
 
 def model_param_groups(backbone: Iterable[torch.nn.Parameter], head: Iterable[torch.nn.Parameter],
                        cfg: OptimConfig) -> list[dict]:
-    """Two groups: ``backbone`` at ``cfg.lr`` and ``head`` at ``cfg.lr * cfg.head_lr_mult`` (frozen parameters skipped)."""
+    """Two groups: ``backbone`` at ``cfg.lr`` and ``head`` at ``cfg.lr * cfg.head_lr_mult`` (frozen parameters
+    skipped)."""
     groups = [
         {"name": "backbone", "params": [p for p in backbone if p.requires_grad], "lr": cfg.lr},
         {"name": "head", "params": [p for p in head if p.requires_grad], "lr": cfg.lr * cfg.head_lr_mult},

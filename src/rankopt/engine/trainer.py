@@ -317,7 +317,8 @@ class Trainer:
             if self.is_main:
                 listing.write_text("\n".join(paths) + "\n")
             shown = ", ".join(paths[:_MAX_PATHS_SHOWN])
-            more = f" and {len(paths) - _MAX_PATHS_SHOWN} more (all in {listing})" if len(paths) > _MAX_PATHS_SHOWN else ""
+            more = (f" and {len(paths) - _MAX_PATHS_SHOWN} more (all in {listing})" if len(paths) > _MAX_PATHS_SHOWN
+                    else "")
             raise FloatingPointError(f"{err}; the batch's images: {shown}{more}; "
                                      f"checkpoint before the update saved to {path}") from None
 
@@ -398,7 +399,8 @@ class Trainer:
             self.logger.log(record)
         key = self.cfg.train.best_metric
         if key not in metrics:
-            raise ValueError(f"train.best_metric={key!r} was not computed on {self.cfg.data.eval_name or self.cfg.data.name}"
+            raise ValueError(f"train.best_metric={key!r} was not computed on "
+                             f"{self.cfg.data.eval_name or self.cfg.data.name}"
                              f"; available: {', '.join(_scores(metrics))}")
         if self.epoch > 0 and (self.best["value"] is None or metrics[key] > self.best["value"]):
             self.best = {"metric": key, "value": metrics[key], "epoch": self.epoch}

@@ -89,7 +89,8 @@ BENCHMARKS: dict[str, Benchmark] = {
         "caltech101", ("train.epochs=3", "train.max_steps_per_epoch=1", "data.image_size=64", "output.map_points=300"),
         {"pretrained": (*_PRETRAINED, *_RELEASED),
          **{loss: (f"loss.name={loss}", *_PRETRAINED) for loss in PHOTO_LOSSES},
-         "roadmap_random_init": ("loss.name=roadmap", "model.pretrained=false", "model.freeze=[]", "model.freeze_bn=false")},
+         "roadmap_random_init": ("loss.name=roadmap", "model.pretrained=false", "model.freeze=[]",
+                                 "model.freeze_bn=false")},
         group_by=("name",), weights_env="RANKOPT_WEIGHTS_MOBILENETV2", root_env="RANKOPT_CALTECH101",
         tuning_rows=("roadmap", "smooth_ap"), lrs=(1e-5, 3e-5, 1e-4)),
     # Smooth-AP §6.3 in miniature: the released MobileFaceNet (CASIA-WebFace) zero-shot on the test identities of
@@ -133,12 +134,14 @@ def _common(benchmark: Benchmark, name: str, root: str | None, quick: bool, extr
     return ((f"data.root={root}",) if root else ()) + (benchmark.quick if quick else ()) + tuple(extra)
 
 
-def _rows(benchmark: Benchmark, name: str, rows: Sequence[str] | None, weights: str | None) -> dict[str, tuple[str, ...]]:
+def _rows(benchmark: Benchmark, name: str, rows: Sequence[str] | None,
+          weights: str | None) -> dict[str, tuple[str, ...]]:
     """The chosen rows' overrides with the weights file in place (``name=<row>`` when rows are grouped by name)."""
     chosen = list(rows or benchmark.rows)
     unknown = [r for r in chosen if r not in benchmark.rows]
     if unknown:
-        raise ValueError(f"unknown benchmark loss(es)/row(s) {unknown} for {name!r}; known: {', '.join(benchmark.rows)}")
+        raise ValueError(f"unknown benchmark loss(es)/row(s) {unknown} for {name!r}; known: "
+                         f"{', '.join(benchmark.rows)}")
     if any(WEIGHTS in o for r in chosen for o in benchmark.rows[r]):
         weights = weights or (os.environ.get(benchmark.weights_env) if benchmark.weights_env else None)
         if not weights:
@@ -181,7 +184,8 @@ def tuning_specs(
             for name, overrides in rows.items() for lr in (lrs or bench.lrs)]
 
 
-def select_learning_rate(outcomes: Sequence[RunOutcome], metric: str = "map@r") -> tuple[float, dict[str, dict[str, float]]]:
+def select_learning_rate(outcomes: Sequence[RunOutcome],
+                         metric: str = "map@r") -> tuple[float, dict[str, dict[str, float]]]:
     """The learning rate with the best mean validation ``metric`` over the tuning losses, and the
     table ``{lr: {loss: value}}`` it was chosen from (failed runs are left out)."""
     table: dict[str, dict[str, float]] = {}

@@ -41,7 +41,7 @@ from rankopt.experiments.study_analyses import (
     measuring_device,
     operating_region_study,
 )
-from rankopt.experiments.study_settings import TRAINED_CHECKPOINT, Settings, value_text
+from rankopt.experiments.study_settings import TRAINED_CHECKPOINT, StudySettings, value_text
 from rankopt.experiments.study_sweeps import (
     batch_size_study,
     lambda_study,
@@ -65,7 +65,7 @@ class StudyResult:
     figure_paths: tuple[Path, ...]
 
 
-STUDIES: dict[str, Callable[[Settings], Findings]] = {
+STUDIES: dict[str, Callable[[StudySettings], Findings]] = {
     "batch_size": batch_size_study,
     "lambda": lambda_study,
     "rho": rho_study,
@@ -76,7 +76,7 @@ STUDIES: dict[str, Callable[[Settings], Findings]] = {
     "smooth_ap_positives": smooth_ap_positives_study,
     "smooth_ap_batch": smooth_ap_batch_study,
 }
-"""Study name -> function ``(Settings) -> Findings``."""
+"""Study name -> function ``(StudySettings) -> Findings``."""
 
 
 # ---------------------------------------------------------------- running a study
@@ -85,7 +85,7 @@ def default_out_dir(name: str, quick: bool = False) -> Path:
     return Path("studies") / (f"{name}-quick" if quick else name)
 
 
-def study_command(s: Settings) -> str:
+def study_command(s: StudySettings) -> str:
     """The ``rankopt study`` command line that reproduces ``s``."""
     args = ["rankopt", "study", s.name, "--recipe", s.recipe, "--out", str(s.out_dir), "--jobs", str(s.jobs)]
     args += ["--root", s.root] if s.root else []
@@ -105,7 +105,7 @@ def _machine() -> str:
             f"device {device}")
 
 
-def _write_markdown(s: Settings, findings: Findings, seconds: float) -> Path:
+def _write_markdown(s: StudySettings, findings: Findings, seconds: float) -> Path:
     lines = [f"# Study `{s.name}`: {findings.title}", "", f"Measured on {findings.measured_on}.", "",
              findings.table.markdown(), ""]
     lines += [f"- {note}" for note in findings.notes] + ([""] if findings.notes else [])
@@ -149,7 +149,7 @@ def run_study(
     if from_run is not None and not (Path(from_run) / TRAINED_CHECKPOINT).is_file():
         raise FileNotFoundError(f"{Path(from_run) / TRAINED_CHECKPOINT} does not exist "
                                 "(from_run must be a trained run folder)")
-    settings = Settings(
+    settings = StudySettings(
         name=name, recipe=recipe, root=str(Path(root).resolve()) if root else None,
         out_dir=Path(out_dir) if out_dir is not None else default_out_dir(name, quick),
         seeds=tuple(int(x) for x in seeds)[: 1 if quick else None], jobs=jobs, quick=quick,

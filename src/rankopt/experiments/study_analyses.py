@@ -23,7 +23,7 @@ from rankopt.engine.assembly import (
 )
 from rankopt.engine.diagnostics import SURROGATES
 from rankopt.engine.embed_and_score import embed_dataset
-from rankopt.experiments.study_settings import CALIBRATION_LOSSES, TRAINED_CHECKPOINT, Settings, seeded_runs
+from rankopt.experiments.study_settings import CALIBRATION_LOSSES, TRAINED_CHECKPOINT, StudySettings, seeded_runs
 from rankopt.experiments.study_tables import Findings, Table, finite_summary
 from rankopt.metrics import decomposability_gap, evaluate
 from rankopt.rank import default_delta, operating_fraction, score_differences
@@ -65,7 +65,7 @@ def _embed(model: torch.nn.Module, cfg: ExperimentConfig, split: str) -> tuple[t
     return out.embeddings, out.labels
 
 
-def decomposability_gap_study(s: Settings) -> Findings:
+def decomposability_gap_study(s: StudySettings) -> Findings:
     """``DG_AP = (1/K) sum_b AP(B_b) - AP(whole set)`` (ROADMAP Eq. 6) on the TEST split at batch
     sizes :data:`GAP_BATCH_SIZES` (random batches, ``rankopt.metrics.decomposability_gap``) for SupAP
     and ROADMAP models (last checkpoint) and the untrained model, with the relative decrease
@@ -107,7 +107,7 @@ def decomposability_gap_study(s: Settings) -> Findings:
         table, [figure], notes)
 
 
-def approximation_error_study(s: Settings) -> Findings:
+def approximation_error_study(s: StudySettings) -> Findings:
     """``AP_e = |AP_pred - AP|`` (Smooth-AP Eq. 8) of each surrogate on the training batches while one
     model trains (the recipe with ``loss.name=smooth_ap`` unless ``--set loss.name=...``): the
     ``surrogate_ap`` diagnostic (:mod:`rankopt.engine.diagnostics`) logged every
@@ -174,7 +174,7 @@ def _operating_batches(labels: torch.Tensor, batch_size: int, m: int, seed: int,
     return sampler.global_batches(0)[:count]
 
 
-def operating_region_study(s: Settings) -> Findings:
+def operating_region_study(s: StudySettings) -> Findings:
     """The fraction of score differences in the sigmoid's operating region ``|d| < δ(τ)`` for
     τ in :data:`OPERATING_TAUS` and batch sizes :data:`OPERATING_BATCH_SIZES` (m-per-class batches of
     the training split, test transform), for the untrained model and a model trained with Smooth-AP

@@ -1,4 +1,4 @@
-"""How a study was asked for (:class:`Settings`) and how it trains its runs through the grid runner
+"""How a study was asked for (:class:`StudySettings`) and how it trains its runs through the grid runner
 (:mod:`rankopt.experiments.runner`): the overrides of each run, one run per seed, the check that an existing
 run folder was trained with the same settings."""
 
@@ -29,7 +29,7 @@ K = TypeVar("K")
 
 
 @dataclass(frozen=True)
-class Settings:
+class StudySettings:
     """How a study was asked for (the arguments of :func:`run_study`)."""
 
     name: str
@@ -103,7 +103,7 @@ def _check_same_settings(spec: RunSpec, runs_dir: Path) -> None:
                          f"{' '.join(record.get('overrides') or [])}); use another --out or delete it")
 
 
-def seeded_runs(s: Settings, name: str, *overrides: str, defaults: Sequence[str] = (),
+def seeded_runs(s: StudySettings, name: str, *overrides: str, defaults: Sequence[str] = (),
                 tuned: bool = False) -> list[RunSpec]:
     """One run ``<name>-s<seed>`` per seed."""
     return [RunSpec(f"{name}-s{seed}", s.recipe, s.overrides(*overrides, f"train.seed={seed}", defaults=defaults,

@@ -10,7 +10,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from rankopt.config import load_config
-from rankopt.experiments.study_settings import CALIBRATION_LOSSES, Settings, seeded_runs, value_text
+from rankopt.experiments.study_settings import CALIBRATION_LOSSES, StudySettings, seeded_runs, value_text
 from rankopt.experiments.study_tables import Cell, Findings, Table, finite_summary
 from rankopt.report.compare import load_run
 from rankopt.report.stats import Summary
@@ -30,7 +30,7 @@ SMOOTH_AP_BATCH_SIZES = (64, 128, 256)
 
 # ---------------------------------------------------------------- reading trained runs
 
-def _trained_metrics(run_dir: Path, s: Settings) -> dict[str, float]:
+def _trained_metrics(run_dir: Path, s: StudySettings) -> dict[str, float]:
     """``report.json["trained"]`` (the last evaluation) of a run, checked to be on the study's split."""
     record = load_run(run_dir)
     evaluated = list(record.report.get("data", {}).get("eval", {}))
@@ -49,14 +49,14 @@ def _split_description(run_dir: Path, split: str) -> str:
     return f"{what}: {data.get('images', '?')} images, classes per level: {classes or '?'}"
 
 
-def _sweep_measured_on(s: Settings, run_dir: Path) -> str:
+def _sweep_measured_on(s: StudySettings, run_dir: Path) -> str:
     return (f"each run's last evaluation (report.json \"trained\"), on {_split_description(run_dir, s.eval_split)}; "
             f"mean ± std over seeds {', '.join(map(str, s.seeds))}")
 
 
 # ---------------------------------------------------------------- the sweeps
 
-def _sweep(s: Settings, *, param: str, symbol: str, key: str, loss: str, defaults: Sequence[float],
+def _sweep(s: StudySettings, *, param: str, symbol: str, key: str, loss: str, defaults: Sequence[float],
            title: str, fixed: Sequence[str] = (), per_value: Callable[[float], Sequence[str]] | None = None,
            integer: bool = False) -> Findings:
     """Train ``loss`` at each value of ``key`` for every seed; table and figure of :data:`STUDY_METRICS`.
@@ -81,21 +81,21 @@ def _sweep(s: Settings, *, param: str, symbol: str, key: str, loss: str, default
     return Findings(title, _sweep_measured_on(s, runs[values[0]][0]), table, [figure])
 
 
-def lambda_study(s: Settings) -> Findings:
+def lambda_study(s: StudySettings) -> Findings:
     """ROADMAP's ``L = (1 - λ) L_SupAP + λ L_calibr`` (ROADMAP Eq. 2) for λ in :data:`LAMBDAS`
     (λ = 0: SupAP alone, λ = 1: the calibration term alone; ROADMAP Fig. 4a)."""
     return _sweep(s, param="lam", symbol="λ", key="loss.kwargs.lam", loss="roadmap", defaults=LAMBDAS,
                   title="ROADMAP's λ (ROADMAP Fig. 4a): (1 - λ)·SupAP + λ·calibration")
 
 
-def rho_study(s: Settings) -> Findings:
+def rho_study(s: StudySettings) -> Findings:
     """SupAP with SupRank's slope ``ρ`` of ``H⁻(t) = ρ (t - δ) + σ(δ/τ) + 1/2`` for ``t > δ``
     (ROADMAP Eq. 4) for ρ in :data:`RHOS` (ρ = 0: the sigmoid's plateau; ROADMAP Fig. 4b)."""
     return _sweep(s, param="rho", symbol="ρ", key="loss.kwargs.rho", loss="sup_ap", defaults=RHOS,
                   title="SupAP's slope ρ of H⁻ above δ (ROADMAP Fig. 4b, Eq. 4)")
 
 
-def _steps_for(s: Settings, batch_sizes: Sequence[int]) -> dict[int, int | None]:
+def _steps_for(s: StudySettings, batch_sizes: Sequence[int]) -> dict[int, int | None]:
     """``train.max_steps_per_epoch`` per batch size so that each sees about as many images:
     ``steps(B) = round(steps_0 · B_0 / B)`` from the effective config's ``steps_0`` and ``B_0``.
     Without a step cap, the samplers' epochs already hold about ``N / B`` batches: no override."""
@@ -105,7 +105,7 @@ def _steps_for(s: Settings, batch_sizes: Sequence[int]) -> dict[int, int | None]
     return {b: max(1, round(base.max_steps_per_epoch * base.batch_size / b)) for b in batch_sizes}
 
 
-def batch_size_study(s: Settings) -> Findings:
+def batch_size_study(s: StudySettings) -> Findings:
     """SupAP alone vs ROADMAP (SupAP + calibration, λ = 0.5) at batch sizes :data:`BATCH_SIZES`
     (m = ``train.m``, the same number of images per epoch for every B) and the gain of the calibration
     term, ``Δ = metric(ROADMAP) - metric(SupAP)`` paired by seed, relative gain ``100 Δ / metric(SupAP)``
@@ -150,25 +150,26 @@ def batch_size_study(s: Settings) -> Findings:
                     notes=["gain = ROADMAP - SupAP per seed (paired); gain % = 100 · mean gain / mean SupAP."])
 
 
-def _smooth_ap_ablation(s: Settings, key: str, **sweep: object) -> Findings:
+def _smooth_ap_ablation(s: StudySettings, key: str, **sweep: object) -> Findings:
     """One sweep of Smooth-AP Table 5: ``key`` varies, the other parameters at :data:`SMOOTH_AP_TABLE5`."""
     fixed = tuple(f"{k}={v}" for k, v in SMOOTH_AP_TABLE5.items() if k != key)
     return _sweep(s, key=key, loss="smooth_ap", fixed=fixed, **sweep)  # type: ignore[arg-type]
 
 
-def smooth_ap_tau_study(s: Settings) -> Findings:
+def smooth_ap_tau_study(s: StudySettings) -> Findings:
     """Smooth-AP's sigmoid temperature τ (Eq. 6) at |P| = 4, B = 128 (Smooth-AP Table 5, left)."""
     return _smooth_ap_ablation(s, "loss.kwargs.tau", param="tau", symbol="τ", defaults=SMOOTH_AP_TAUS,
                                title="Smooth-AP's sigmoid temperature τ (Smooth-AP Table 5, §6.4), |P| = 4, B = 128")
 
 
-def smooth_ap_positives_study(s: Settings) -> Findings:
+def smooth_ap_positives_study(s: StudySettings) -> Findings:
     """Smooth-AP with |P| = ``train.m`` images per class in a batch, τ = 0.01, B = 128 (Smooth-AP Table 5, middle)."""
     return _smooth_ap_ablation(s, "train.m", param="m", symbol="|P|", defaults=SMOOTH_AP_POSITIVES, integer=True,
-                               title="Smooth-AP's positives per class |P| (Smooth-AP Table 5, §6.4), τ = 0.01, B = 128")
+                               title="Smooth-AP's positives per class |P| (Smooth-AP Table 5, §6.4), τ = 0.01, B = "
+                                     "128")
 
 
-def smooth_ap_batch_study(s: Settings) -> Findings:
+def smooth_ap_batch_study(s: StudySettings) -> Findings:
     """Smooth-AP at batch sizes B, τ = 0.01, |P| = 4 (Smooth-AP Table 5, right), each B seeing about as many
     images per epoch (:func:`_steps_for`)."""
     sizes = [int(v) for v in s.sweep_values(SMOOTH_AP_BATCH_SIZES)]

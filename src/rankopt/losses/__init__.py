@@ -35,7 +35,7 @@ from typing import Any
 
 from torch import nn
 
-from rankopt.losses.base import RankLoss, RetrievalSet, rowwise
+from rankopt.losses.rank_loss import RankLoss, RetrievalSet, rowwise
 from rankopt.losses.baselines import PMLLoss
 from rankopt.losses.blackbox_ap import BlackBoxAPLoss
 from rankopt.losses.calibration import CalibrationLoss

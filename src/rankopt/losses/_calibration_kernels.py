@@ -36,7 +36,8 @@ def hinge_sums(scores: np.ndarray, levels: np.ndarray, valid: np.ndarray, alpha:
 
 @nb.njit(nogil=True, cache=True)
 def hinge_gradient(scores: np.ndarray, levels: np.ndarray, valid: np.ndarray, alpha: float, beta: float,
-                   positive_weight: np.ndarray, negative_weight: np.ndarray, out: np.ndarray) -> None:  # pragma: no cover - compiled
+                   positive_weight: np.ndarray, negative_weight: np.ndarray,  # pragma: no cover - compiled
+                   out: np.ndarray) -> None:
     """``out[i, j] = -positive_weight[i]`` on the positives with ``s < alpha``, ``negative_weight[i]`` on the
     negatives with ``s > beta``, 0 elsewhere (weights: ``grad_out_i / |P_i|`` and ``grad_out_i / |N_i|``)."""
     rows, width = scores.shape

@@ -32,7 +32,7 @@ from pytorch_metric_learning import miners as pml_miners
 from pytorch_metric_learning.utils import loss_and_miner_utils as lmu
 from torch import nn
 
-from rankopt.losses.base import RankLoss, compute_dtype
+from rankopt.losses.rank_loss import RankLoss, compute_dtype
 from rankopt.losses.registry import PER_LEVEL_PROXIES, PROXIES, register
 
 Indices = tuple[torch.Tensor, ...]

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import torch
 
-from rankopt.losses.base import DEFAULT_MAX_ELEMENTS, RankLoss, RetrievalSet
+from rankopt.losses.rank_loss import DEFAULT_MAX_ELEMENTS, RankLoss, RetrievalSet
 from rankopt.losses.registry import LOSSES
 
 

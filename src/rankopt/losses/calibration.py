@@ -6,7 +6,7 @@ import numpy as np
 import torch
 
 from rankopt import kernels
-from rankopt.losses.base import RankLoss, RetrievalSet, chunk_rows, rowwise_with_gradient
+from rankopt.losses.rank_loss import RankLoss, RetrievalSet, chunk_rows, rowwise_with_gradient
 from rankopt.losses.registry import LOSSES
 from rankopt.threads import ThreadPool
 
@@ -29,7 +29,7 @@ class CalibrationLoss(RankLoss):
     the mean of ``[s - beta]_+`` over the violating negative pairs (self pairs excluded).
     Label column 0. ``per_query`` is evaluated in chunks of rows and its gradient (``-1/|P_i|`` or ``1/|N_i|``
     where a hinge is active) written chunk by chunk in the backward
-    (:func:`~rankopt.losses.base.rowwise_with_gradient`): no ``(B, M)`` temporary besides the gradient itself.
+    (:func:`~rankopt.losses.rank_loss.rowwise_with_gradient`): no ``(B, M)`` temporary besides the gradient itself.
     On CPU (``method``, :data:`rankopt.kernels.METHODS`) compiled kernels do each direction in one pass instead
     (:mod:`rankopt.losses._calibration_kernels`), the hinge a small fraction of the score matrix's cost.
     """
@@ -60,7 +60,8 @@ class CalibrationLoss(RankLoss):
             per_query = rowwise_with_gradient(self._hinges, batch.scores, batch.levels, batch.valid, counts, rows=rows)
         return self.average_over_queries(per_query, num_pos > 0)
 
-    def _hinges(self, scores: torch.Tensor, levels: torch.Tensor, valid: torch.Tensor, counts: torch.Tensor, gradient: bool) -> torch.Tensor:
+    def _hinges(self, scores: torch.Tensor, levels: torch.Tensor, valid: torch.Tensor, counts: torch.Tensor,
+                gradient: bool) -> torch.Tensor:
         """Per-query ``L_calibr`` of a chunk of rows (``counts``: ``(C, 2)``, ``max(1, |P_i|)`` and ``max(1, |N_i|)``),
         or with ``gradient`` its derivative w.r.t. the scores: ``-1/|P_i|`` on the positives with ``s < alpha``,
         ``1/|N_i|`` on the negatives with ``s > beta``, 0 elsewhere."""
@@ -85,7 +86,8 @@ class _CompiledHinges(torch.autograd.Function):
     over ``torch.get_num_threads()`` threads (:class:`~rankopt.threads.ThreadPool`)."""
 
     @staticmethod
-    def forward(ctx, scores: torch.Tensor, levels: torch.Tensor, valid: torch.Tensor, counts: torch.Tensor,  # type: ignore[override]
+    def forward(ctx, scores: torch.Tensor, levels: torch.Tensor, valid: torch.Tensor,  # type: ignore[override]
+                counts: torch.Tensor,
                 alpha: float, beta: float) -> torch.Tensor:
         from rankopt.losses import _calibration_kernels as compiled  # noqa: PLC0415 - numba: 0.3-1.2 s import
 
@@ -95,7 +97,8 @@ class _CompiledHinges(torch.autograd.Function):
         sums = torch.empty(scores.shape[0], 2, dtype=torch.float64)
         arrays = [t.numpy() for t in (*data, sums)]
         with ThreadPool(torch.get_num_threads()) as pool:
-            pool.run(lambda _, lo, hi: compiled.hinge_sums(*(a[lo:hi] for a in arrays[:3]), *ctx.bounds, arrays[3][lo:hi]), len(sums))
+            pool.run(lambda _, lo, hi: compiled.hinge_sums(*(a[lo:hi] for a in arrays[:3]), *ctx.bounds,
+                                                           arrays[3][lo:hi]), len(sums))
         return (sums.to(counts.dtype) / counts).sum(1)
 
     @staticmethod
@@ -109,7 +112,8 @@ class _CompiledHinges(torch.autograd.Function):
         per_row = [weights[:, k].contiguous().numpy() for k in (0, 1)]
         with ThreadPool(torch.get_num_threads()) as pool:
             pool.run(lambda _, lo, hi: compiled.hinge_gradient(*(a[lo:hi] for a in arrays), *ctx.bounds,
-                                                              *(w[lo:hi] for w in per_row), grad.numpy()[lo:hi]), len(grad))
+                                                              *(w[lo:hi]
+                                                                for w in per_row), grad.numpy()[lo:hi]), len(grad))
         return grad, None, None, None, None, None
 
 

@@ -9,8 +9,8 @@ paper's hyper-parameters (PML's defaults). ``cos θ_j`` is the cosine between th
   (PML takes ``margin`` in degrees: 28.6).
 * Sub-center ArcFace (Deng et al. ECCV 2020): ArcFace with ``K = 3`` weights per class and
   ``cos θ_j = max_k cos θ_{j,k}``.
-* CosFace (Wang et al. CVPR 2018): ``-log( e^{s (cos θ_y - m)} / (e^{s (cos θ_y - m)} + Σ_{j≠y} e^{s cos θ_j}) )``,
-  ``s = 64``, ``m = 0.35``.
+* CosFace (Wang et al. CVPR 2018):
+  ``-log( e^{s (cos θ_y - m)} / (e^{s (cos θ_y - m)} + Σ_{j≠y} e^{s cos θ_j}) )``, ``s = 64``, ``m = 0.35``.
 * Proxy-Anchor (Kim et al. CVPR 2020, Eq. 4), proxies ``p`` and cosine ``s(x, p)``:
   ``1/|P+| Σ_{p∈P+} log(1 + Σ_{x∈X_p+} e^{-α(s(x,p) - δ)}) + 1/|P| Σ_{p∈P} log(1 + Σ_{x∈X_p-} e^{α(s(x,p) + δ)})``,
   ``α = 32``, ``δ = 0.1``.

@@ -19,7 +19,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from rankopt.losses.base import RankLoss
+from rankopt.losses.rank_loss import RankLoss
 from rankopt.losses.registry import LOSSES, PROXIES, register
 from rankopt.losses.sums import term_maps
 from rankopt.losses.terms import record, term_name
@@ -32,8 +32,8 @@ class ROD(nn.Module):
     ``decomposability_loss``; ``accepts_reference`` follows ``rank_loss``. Learnable
     parameters (proxies) are reached through ``parameters()``.
 
-    When both terms are :class:`~rankopt.losses.base.RankLoss` es and the decomposability loss can use the
-    rank loss's retrieval set (:meth:`~rankopt.losses.base.RankLoss.can_share`: same similarity, self-inclusion
+    When both terms are :class:`~rankopt.losses.rank_loss.RankLoss` es and the decomposability loss can use the
+    rank loss's retrieval set (:meth:`~rankopt.losses.rank_loss.RankLoss.can_share`: same similarity, self-inclusion
     and label columns, e.g. ROADMAP's Sup-AP and calibration, or any rank loss with ``L_DG^*``), the inputs are
     checked and the score matrix, levels and masks computed once and handed to both terms; the gradients of the
     two terms meet on the scores, so the embeddings' product is differentiated once. Otherwise each term runs on its
@@ -85,7 +85,7 @@ class ROD(nn.Module):
 
 
 SHARED = ("similarity", "include_self", "max_elements")
-"""The retrieval-set options of :class:`~rankopt.losses.base.RankLoss`: a flat one goes to both terms."""
+"""The retrieval-set options of :class:`~rankopt.losses.rank_loss.RankLoss`: a flat one goes to both terms."""
 
 
 @dataclass(frozen=True)

@@ -29,7 +29,8 @@ class HAPLoss(SupRankLoss):
 
     hierarchical = True
 
-    def __init__(self, *, alpha: float = 1.0, relevance: str = "hap", weights: Sequence[float] | None = None, **kwargs) -> None:
+    def __init__(self, *, alpha: float = 1.0, relevance: str = "hap", weights: Sequence[float] | None = None,
+                 **kwargs) -> None:
         super().__init__(**kwargs)
         if relevance not in ("hap", "sum_wap"):
             raise ValueError(f"unknown relevance {relevance!r}; use 'hap' or 'sum_wap'")
@@ -37,15 +38,18 @@ class HAPLoss(SupRankLoss):
             raise ValueError(f"alpha must be >= 0, got {alpha}")
         self.alpha, self.relevance, self.weights = float(alpha), relevance, None if weights is None else tuple(weights)
 
-    def query_terms(self, scores: torch.Tensor, levels: torch.Tensor, valid: torch.Tensor, num_levels: int) -> torch.Tensor:
+    def query_terms(self, scores: torch.Tensor, levels: torch.Tensor, valid: torch.Tensor,
+                    num_levels: int) -> torch.Tensor:
         # rel(k) depends on the query and the level only: rel_of_level[c, m] for m = 0..L (0 for level 0)
         of_level = torch.arange(num_levels + 1, device=levels.device).expand(levels.shape[0], num_levels + 1)
         counts = level_counts(levels, num_levels, valid)
-        rel_of_level = relevance(of_level, num_levels, kind=self.relevance, alpha=self.alpha, weights=self.weights, counts=counts)
+        rel_of_level = relevance(of_level, num_levels, kind=self.relevance, alpha=self.alpha, weights=self.weights,
+                                 counts=counts)
         if self.step_counts == "pairwise":
             pivots, rank_plus, rank_minus = self.ranks(scores, levels, valid, num_levels)
         else:  # sum_m min(rel(k), rel_m) #{j : l_j = m, s_j >= s_k}, k itself giving rel(k): in the walk of rank^+
-            shared = torch.minimum(rel_of_level.unsqueeze(2), rel_of_level[:, 1:].unsqueeze(1)).unsqueeze(3)  # (C, L + 1, L, 1)
+            # (C, L + 1, L, 1)
+            shared = torch.minimum(rel_of_level.unsqueeze(2), rel_of_level[:, 1:].unsqueeze(1)).unsqueeze(3)
             pivots, sums, rank_minus = self.ranks(scores, levels, valid, num_levels, weights=shared)
             rank_plus, h_rank_plus = sums.unbind(2)
         rel = torch.gather(rel_of_level.to(scores.dtype), 1, pivots.levels)  # 0 for padding (level 0)
@@ -53,7 +57,8 @@ class HAPLoss(SupRankLoss):
             shared = torch.minimum(rel.unsqueeze(1), rel.unsqueeze(2)) * pivots.pair_mask()
             h_rank_plus = rel + pairwise_step_counts(pivots.scores, pivots.scores, shared)
         # padding divides by 1: a 0 / 0 there, even unselected by a where, would give a NaN gradient
-        ratio = h_rank_plus * pivots.present / torch.where(pivots.present, rank_plus + rank_minus, torch.ones_like(rank_minus))
+        ratio = h_rank_plus * pivots.present / torch.where(pivots.present, rank_plus + rank_minus,
+                                                           torch.ones_like(rank_minus))
         return 1.0 - ratio.sum(1) / rel.sum(1).clamp(min=torch.finfo(rel.dtype).tiny)
 
     def extra_repr(self) -> str:

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import torch
 
-from rankopt.losses.base import DEFAULT_MAX_ELEMENTS, RankLoss, RetrievalSet
+from rankopt.losses.rank_loss import DEFAULT_MAX_ELEMENTS, RankLoss, RetrievalSet
 from rankopt.losses.registry import LOSSES
 
 TIE_MODES = (False, True, "exact", "simplified")
@@ -41,7 +41,8 @@ class _SoftCounts(torch.autograd.Function):
     ``d c[low] / d s = member / Delta = -d c[low + 1] / d s`` inside ``[lo, hi]``, 0 outside."""
 
     @staticmethod
-    def forward(ctx, scores: torch.Tensor, valid: torch.Tensor, positives: torch.Tensor, lo: float, hi: float, num_bins: int) -> torch.Tensor:  # type: ignore[override]
+    def forward(ctx, scores: torch.Tensor, valid: torch.Tensor, positives: torch.Tensor,  # type: ignore[override]
+                lo: float, hi: float, num_bins: int) -> torch.Tensor:
         delta = (hi - lo) / (num_bins - 1)
         position = (hi - scores).clamp_(0.0, hi - lo).div_(delta)  # in [0, num_bins - 1]
         low = position.floor().clamp_(max=num_bins - 2)
@@ -64,7 +65,8 @@ class _SoftCounts(torch.autograd.Function):
         return step.mul_(inside).div_(ctx.delta), None, None, None, None, None
 
 
-def soft_histograms(scores: torch.Tensor, valid: torch.Tensor, positives: torch.Tensor, lo: float, hi: float, num_bins: int) -> tuple[torch.Tensor, torch.Tensor]:
+def soft_histograms(scores: torch.Tensor, valid: torch.Tensor, positives: torch.Tensor, lo: float, hi: float,
+                    num_bins: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Per-query soft histograms ``(c, c+)``, each ``(Q, num_bins)`` in the scores' dtype, bin 0 the highest scores.
 
     ``c_m = sum_{k valid} delta(s_k, m)`` and ``c+_m`` the same over ``positives``
@@ -81,7 +83,8 @@ def _safe_ratio(num: torch.Tensor, den: torch.Tensor) -> torch.Tensor:
     return torch.where(positive, num / torch.where(positive, den, torch.ones_like(den)), torch.zeros_like(num))
 
 
-def ap_from_histograms(hist: torch.Tensor, pos_hist: torch.Tensor, num_positives: torch.Tensor, tie_aware: bool | str = False) -> torch.Tensor:
+def ap_from_histograms(hist: torch.Tensor, pos_hist: torch.Tensor, num_positives: torch.Tensor,
+                       tie_aware: bool | str = False) -> torch.Tensor:
     """AP of each query from its bin counts, ``(Q,)`` in the histograms' dtype.
 
     * ``tie_aware=False`` — quantised AP, ICCV'19 Eq. 11 (= FastAP): ``sum_m c+_m C+_m / C_m / |P|``.
@@ -174,7 +177,8 @@ class SoftBinAPLoss(RankLoss):
         return ((1.0 - ap[has_positive]) * weights).sum()
 
     def extra_repr(self) -> str:
-        return f"num_bins={self.num_bins}, score_range={self.score_range}, tie_aware={self.tie_aware!r}, class_balanced={self.class_balanced}, {super().extra_repr()}"
+        return (f"num_bins={self.num_bins}, score_range={self.score_range}, tie_aware={self.tie_aware!r}, "
+                f"class_balanced={self.class_balanced}, {super().extra_repr()}")
 
 
 @LOSSES.register("fastap")
@@ -206,4 +210,5 @@ class FastAPLoss(SoftBinAPLoss):
     ) -> None:
         if int(num_bins) < 1:
             raise ValueError(f"num_bins must be >= 1, got {num_bins}")
-        super().__init__(int(num_bins) + 1, (-1.0, 1.0), tie_aware=tie_aware, class_balanced=class_balanced, include_self=include_self, max_elements=max_elements)
+        super().__init__(int(num_bins) + 1, (-1.0, 1.0), tie_aware=tie_aware, class_balanced=class_balanced,
+                         include_self=include_self, max_elements=max_elements)

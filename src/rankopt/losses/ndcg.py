@@ -28,7 +28,8 @@ class SupNDCGLoss(SupRankLoss):
         super().__init__(**kwargs)
         self.gains = gains if isinstance(gains, str) else tuple(float(g) for g in gains)
 
-    def query_terms(self, scores: torch.Tensor, levels: torch.Tensor, valid: torch.Tensor, num_levels: int) -> torch.Tensor:
+    def query_terms(self, scores: torch.Tensor, levels: torch.Tensor, valid: torch.Tensor,
+                    num_levels: int) -> torch.Tensor:
         pivots, rank_plus, rank_minus = self.ranks(scores, levels, valid, num_levels)
         gain = ndcg_gains(pivots.levels, self.gains).to(scores.dtype) * pivots.present
         dcg = (gain / torch.log2(1.0 + rank_plus + rank_minus)).sum(1)

@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from rankopt.losses.base import RankLoss, RetrievalSet, compute_dtype
+from rankopt.losses.rank_loss import RankLoss, RetrievalSet, compute_dtype
 from rankopt.losses.registry import PROXIES, register
 
 
@@ -61,10 +61,12 @@ class ProxyDGLoss(RankLoss):
             raise ValueError(f"embeddings have dimension {embeddings.shape[1]} but the proxies have {dim}")
         bad = (target < 0) | (target >= num_classes)
         if bool(bad.any()):
-            raise ValueError(f"labels must be class indices in [0, {num_classes}); rows {bad.nonzero().flatten()[:5].tolist()} are not")
+            raise ValueError(f"labels must be class indices in [0, {num_classes}); rows "
+                             f"{bad.nonzero().flatten()[:5].tolist()} are not")
         logits = F.normalize(embeddings, dim=1) @ F.normalize(self.proxies.to(embeddings.dtype), dim=1).T
         self.last_num_queries_without_positive = 0
         return F.cross_entropy(logits / self.temperature, target)
 
     def extra_repr(self) -> str:
-        return f"num_classes={self.proxies.shape[0]}, embedding_dim={self.proxies.shape[1]}, temperature={self.temperature}"
+        return (f"num_classes={self.proxies.shape[0]}, embedding_dim={self.proxies.shape[1]}, "
+                f"temperature={self.temperature}")

@@ -6,7 +6,7 @@ from collections.abc import Sequence
 
 import torch
 
-from rankopt.losses.base import RankLoss
+from rankopt.losses.rank_loss import RankLoss
 from rankopt.losses.registry import LOSSES
 from rankopt.losses.smooth_ap import smooth_ranks
 from rankopt.losses.sup_ap import SupRankLoss
@@ -50,7 +50,8 @@ class SupRecallLoss(_RecallMixin, SupRankLoss):
         super().__init__(**kwargs)
         self._init_recall(ks, tau_star)
 
-    def query_terms(self, scores: torch.Tensor, levels: torch.Tensor, valid: torch.Tensor, num_levels: int) -> torch.Tensor:
+    def query_terms(self, scores: torch.Tensor, levels: torch.Tensor, valid: torch.Tensor,
+                    num_levels: int) -> torch.Tensor:
         pivots, rank_plus, rank_minus = self.ranks(scores, levels, valid, num_levels)
         return recall_terms(rank_plus + rank_minus, pivots.present, self._ks(scores), self.tau_star)
 
@@ -72,7 +73,8 @@ class SmoothRecallLoss(_RecallMixin, RankLoss):
         self.tau = float(tau)
         self._init_recall(ks, tau_star)
 
-    def query_terms(self, scores: torch.Tensor, levels: torch.Tensor, valid: torch.Tensor, num_levels: int) -> torch.Tensor:
+    def query_terms(self, scores: torch.Tensor, levels: torch.Tensor, valid: torch.Tensor,
+                    num_levels: int) -> torch.Tensor:
         pivots, rank, _ = smooth_ranks(scores, levels, valid, self.tau)
         return recall_terms(rank, pivots.present, self._ks(scores), self.tau_star)
 

@@ -11,7 +11,7 @@ from collections.abc import Callable, Mapping
 from types import MappingProxyType
 from typing import Any
 
-from rankopt.registry import Registry
+from rankopt.registries import Registry
 
 LOSSES: Registry = Registry("loss")
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from rankopt.losses.base import RankLoss
+from rankopt.losses.rank_loss import RankLoss
 from rankopt.losses.registry import LOSSES
 from rankopt.rank.surrogates import Pivots, sigmoid_sums
 
@@ -27,7 +27,8 @@ class SmoothAPLoss(RankLoss):
             raise ValueError(f"tau must be > 0, got {tau}")
         self.tau = float(tau)
 
-    def query_terms(self, scores: torch.Tensor, levels: torch.Tensor, valid: torch.Tensor, num_levels: int) -> torch.Tensor:
+    def query_terms(self, scores: torch.Tensor, levels: torch.Tensor, valid: torch.Tensor,
+                    num_levels: int) -> torch.Tensor:
         pivots, rank, rank_plus = smooth_ranks(scores, levels, valid, self.tau)
         ratio = torch.where(pivots.present, rank_plus / rank, torch.zeros_like(rank))
         return 1.0 - ratio.sum(1) / pivots.present.sum(1).clamp(min=1)
@@ -36,7 +37,8 @@ class SmoothAPLoss(RankLoss):
         return f"tau={self.tau}, " + super().extra_repr()
 
 
-def smooth_ranks(scores: torch.Tensor, levels: torch.Tensor, valid: torch.Tensor, tau: float) -> tuple[Pivots, torch.Tensor, torch.Tensor]:
+def smooth_ranks(scores: torch.Tensor, levels: torch.Tensor, valid: torch.Tensor,
+                 tau: float) -> tuple[Pivots, torch.Tensor, torch.Tensor]:
     """Smooth-AP's ``rank(j)`` and ``rank^+(j)`` (Smooth-AP Eq. 6) of each positive pivot, ``(C, P)``."""
     pivots = Pivots(scores, levels, valid)
     members = torch.eq(valid, True, out=scores.new_empty(valid.shape))  # 0/1 floats

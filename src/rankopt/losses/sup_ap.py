@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from rankopt.losses.base import RankLoss, RetrievalSet
+from rankopt.losses.rank_loss import RankLoss, RetrievalSet
 from rankopt.losses.registry import LOSSES
 from rankopt.rank.surrogates import default_delta
 from rankopt.rank.suprank import SupRanks
@@ -42,7 +42,8 @@ class SupRankLoss(RankLoss):
     def extra_repr(self) -> str:
         steps = "" if self.step_counts == "sorted" else f", step_counts={self.step_counts!r}"
         steps += "" if self.method == "auto" else f", method={self.method!r}"
-        return f"tau={self.tau}, rho={self.rho}, delta={self.delta:.4g}, start={self.start}{steps}, " + super().extra_repr()
+        return (f"tau={self.tau}, rho={self.rho}, delta={self.delta:.4g}, "
+                f"start={self.start}{steps}, ") + super().extra_repr()
 
 
 @LOSSES.register("sup_ap")
@@ -54,8 +55,10 @@ class SupAPLoss(SupRankLoss):
     an upper bound of ``1 - AP`` (``H^- >= H``). Uses label column 0.
     """
 
-    def query_terms(self, scores: torch.Tensor, levels: torch.Tensor, valid: torch.Tensor, num_levels: int) -> torch.Tensor:
+    def query_terms(self, scores: torch.Tensor, levels: torch.Tensor, valid: torch.Tensor,
+                    num_levels: int) -> torch.Tensor:
         pivots, rank_plus, rank_minus = self.ranks(scores, levels, valid, num_levels)
         # padding divides by 1: a 0 / 0 there, even unselected by a where, would give a NaN gradient
-        ratio = rank_plus * pivots.present / torch.where(pivots.present, rank_plus + rank_minus, torch.ones_like(rank_minus))
+        ratio = rank_plus * pivots.present / torch.where(pivots.present, rank_plus + rank_minus,
+                                                         torch.ones_like(rank_minus))
         return 1.0 - ratio.sum(1) / pivots.present.sum(1).clamp(min=1)

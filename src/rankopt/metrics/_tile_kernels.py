@@ -192,7 +192,8 @@ def rows_pass(scores, lo, hi, col_base, heap_values, heap_ids, thresholds, npos,
         excluded = own[i]
         label = row_labels[i]
         if k > 0:
-            floor = _selection_floor(row, skip_lo, skip_hi, k, maxima, scratch) if heap_values[i, 0] == -np.inf else -np.inf
+            floor = (_selection_floor(row, skip_lo, skip_hi, k, maxima, scratch) if heap_values[i, 0] == -np.inf
+                     else -np.inf)
             if floor > -np.inf:  # a heap not yet full, a long row: the scores above the floor, selected at once
                 m = _fill_from_floor(row, 0, skip_lo, floor, excluded, col_base, pool_values, pool_ids, 0)
                 m = _fill_from_floor(row, skip_hi, n, floor, excluded, col_base, pool_values, pool_ids, m)
@@ -236,7 +237,8 @@ def _add_row_counts(row, thresholds, npos, counts):  # pragma: no cover - compil
 
 
 @nb.njit(inline="always", nogil=True)
-def _add_column_counts(scores, i0, i1, col_thresholds_t, num_thresholds, column_acc, offset):  # pragma: no cover - compiled
+def _add_column_counts(scores, i0, i1, col_thresholds_t, num_thresholds, column_acc,  # pragma: no cover - compiled
+                       offset):
     """``column_acc[p, offset + j] += #{i in [i0, i1) : scores[i, j] >= col_thresholds_t[p, offset + j]}``,
     ``p < num_thresholds``; :data:`ROW_GROUP` rows at once: one load and store of the counts per column."""
     n = scores.shape[1]
@@ -268,7 +270,8 @@ def pair_counts(scores, lo, hi, row_thresholds, row_npos, row_counts, col_thresh
 
 @nb.njit(nogil=True, cache=True)
 def pair_pass(scores, lo, hi, col_base, row_heap_values, row_heap_ids, row_thresholds, row_npos, row_counts,
-              col_roots, floors, col_thresholds_t, column_acc, candidates, candidate_rows, candidate_cols):  # pragma: no cover - compiled
+              col_roots, floors, col_thresholds_t, column_acc, candidates,  # pragma: no cover - compiled
+              candidate_rows, candidate_cols):
     """Serve the rows ``[lo, hi)`` of an off-diagonal tile of a symmetric product, and the columns for those rows.
 
     Rows as :func:`rows_pass` (every pair is a negative). Columns: ``column_acc[p, j] += #{i : s_ij >=

@@ -8,9 +8,11 @@ from rankopt.checks import check_embeddings, check_labels
 
 
 def check_inputs(
-    query_embeddings: torch.Tensor, query_labels: torch.Tensor, ref_embeddings: torch.Tensor | None, ref_labels: torch.Tensor | None
+    query_embeddings: torch.Tensor, query_labels: torch.Tensor, ref_embeddings: torch.Tensor | None,
+    ref_labels: torch.Tensor | None
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """``(query, query_labels (Q, L), ref, ref_labels (R, L))`` checked; ``ref_embeddings=None``: the query set twice."""
+    """``(query, query_labels (Q, L), ref, ref_labels (R, L))`` checked; ``ref_embeddings=None``: the query set
+    twice."""
     query = check_embeddings(query_embeddings, "query_embeddings")
     q_labels = check_labels(query_labels, query.shape[0], "query_labels")
     if ref_embeddings is None:
@@ -33,22 +35,26 @@ def check_inputs(
 def check_query_ref_index(index: object, num_queries: int, num_refs: int, self_retrieval: bool) -> torch.Tensor:
     """``query_ref_index`` as ``(Q,)`` int64, checked: shape, integer dtype, values in ``[-1, R)``."""
     if self_retrieval:
-        raise ValueError("query_ref_index needs ref_embeddings: with ref_embeddings=None each query is already excluded from its own results")
+        raise ValueError("query_ref_index needs ref_embeddings: with ref_embeddings=None each query is already "
+                         "excluded from its own results")
     if not isinstance(index, torch.Tensor):
         raise TypeError(f"query_ref_index must be a torch.Tensor, got {type(index).__name__}")
     if index.dtype.is_floating_point or index.dtype.is_complex or index.dtype == torch.bool:
         raise TypeError(f"query_ref_index must be an integer tensor (int64), got {index.dtype}")
     if tuple(index.shape) != (num_queries,):
-        raise ValueError(f"query_ref_index must have shape ({num_queries},) (one entry per query), got {tuple(index.shape)}")
+        raise ValueError(f"query_ref_index must have shape ({num_queries},) (one entry per query), got "
+                         f"{tuple(index.shape)}")
     index = index.long()
     bad = ((index < -1) | (index >= num_refs)).nonzero().squeeze(1)
     if bad.numel():
         rows = ", ".join(str(i) for i in bad[:5].tolist()) + (", ..." if bad.numel() > 5 else "")
         raise ValueError(
-            f"query_ref_index must lie in [-1, {num_refs - 1}] (-1: no copy in the gallery); {bad.numel()} entries do not, at queries {rows}"
+            f"query_ref_index must lie in [-1, {num_refs - 1}] (-1: no copy in the gallery); {bad.numel()} entries do "
+            f"not, at queries {rows}"
         )
     if num_refs == 1 and bool((index >= 0).any()):
-        raise ValueError("the gallery has 1 item and query_ref_index excludes it: some queries would have no item to retrieve")
+        raise ValueError("the gallery has 1 item and query_ref_index excludes it: some queries would have no item to "
+                         "retrieve")
     return index
 
 
@@ -59,7 +65,8 @@ def check_groups(groups: object, num_items: int, name: str) -> torch.Tensor:
     if groups.dtype.is_floating_point or groups.dtype.is_complex or groups.dtype == torch.bool:
         raise TypeError(f"{name} must be an integer tensor (int64), got {groups.dtype}")
     if tuple(groups.shape) != (num_items,):
-        raise ValueError(f"{name} must have shape ({num_items},) (one group id per item, -1: none), got {tuple(groups.shape)}")
+        raise ValueError(f"{name} must have shape ({num_items},) (one group id per item, -1: none), got "
+                         f"{tuple(groups.shape)}")
     return groups.long()
 
 
@@ -71,11 +78,13 @@ def check_exclusion_groups(
         return None
     if self_retrieval:
         if ref_groups is not None:
-            raise ValueError("ref_groups needs ref_embeddings: with ref_embeddings=None, query_groups are the items' groups")
+            raise ValueError("ref_groups needs ref_embeddings: with ref_embeddings=None, query_groups are the items' "
+                             "groups")
         groups = check_groups(query_groups, num_queries, "query_groups")
         return groups, groups
     if query_groups is None or ref_groups is None:
-        raise ValueError("with ref_embeddings, give query_groups and ref_groups together (one group id per query and per reference)")
+        raise ValueError("with ref_embeddings, give query_groups and ref_groups together (one group id per query and "
+                         "per reference)")
     return check_groups(query_groups, num_queries, "query_groups"), check_groups(ref_groups, num_refs, "ref_groups")
 
 

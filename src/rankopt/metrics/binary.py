@@ -40,7 +40,8 @@ def topk_metrics(
     num_pos = num_pos.to(torch.float64)
     hits_up_to = positive.to(torch.int64).cumsum(dim=1)
     if any(family in AP_AT_CUT for _, family, _ in requests):
-        precision = hits_up_to.gather(1, (ranks - 1).clamp(max=ranks.shape[1] - 1)).to(torch.float64) / ranks.to(torch.float64)
+        precision = (hits_up_to.gather(1, (ranks - 1).clamp(max=ranks.shape[1] - 1)).to(torch.float64)
+                     / ranks.to(torch.float64))
         precision_up_to = torch.where(positive, precision, 0.0).cumsum(dim=1)
     out = {}
     for name, family, k in requests:
@@ -51,12 +52,14 @@ def topk_metrics(
         def at_end(prefix: torch.Tensor) -> torch.Tensor:
             return torch.where(length > 0, prefix.gather(1, end), 0).squeeze(1).to(torch.float64)
 
-        value = _at_cut(family, k, at_end(hits_up_to), at_end(precision_up_to) if family in AP_AT_CUT else None, num_pos)
+        value = _at_cut(family, k, at_end(hits_up_to), at_end(precision_up_to) if family in AP_AT_CUT else None,
+                        num_pos)
         out[name] = torch.where(has_pos, value, torch.nan)
     return out
 
 
-def _at_cut(family: str, k: int, hits: torch.Tensor, precision_sum: torch.Tensor | None, num_pos: torch.Tensor) -> torch.Tensor:
+def _at_cut(family: str, k: int, hits: torch.Tensor, precision_sum: torch.Tensor | None,
+            num_pos: torch.Tensor) -> torch.Tensor:
     """A cut-off family from the positives ranked within the cut-off: their number ``hits`` and, for
     :data:`AP_AT_CUT`, their ``sum rank+/rank`` (float64 ``(Q,)`` each; ``num_pos``: ``R``)."""
     if family == "recall":
@@ -68,8 +71,10 @@ def _at_cut(family: str, k: int, hits: torch.Tensor, precision_sum: torch.Tensor
     return precision_sum / (num_pos if family == "map@r" else num_pos.clamp(max=k))
 
 
-def sorted_positive_scores(pos_scores: torch.Tensor, valid: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(t, ok)``: each row's positives' scores in decreasing order, padding (``ok`` False) last, trimmed to the widest row."""
+def sorted_positive_scores(pos_scores: torch.Tensor, valid: torch.Tensor,
+                           dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(t, ok)``: each row's positives' scores in decreasing order, padding (``ok`` False) last, trimmed to the widest
+    row."""
     t = pos_scores.masked_fill(~valid, float("-inf")).to(dtype)
     t, order = t.sort(dim=1, descending=True)
     ok = valid.gather(1, order)
@@ -101,6 +106,7 @@ def from_positive_ranks(
             value = 1.0 / rank[:, 0]
         else:
             within = ok & (rank <= (num_pos.unsqueeze(1) if family == "map@r" else float(k)))
-            value = _at_cut(family, k, within.sum(dim=1).to(torch.float64), torch.where(within, precision, 0.0).sum(dim=1), num_pos)
+            value = _at_cut(family, k, within.sum(dim=1).to(torch.float64),
+                            torch.where(within, precision, 0.0).sum(dim=1), num_pos)
         out[name] = torch.where(has_pos, value, torch.nan)
     return out

@@ -60,7 +60,7 @@ from rankopt.metrics.topk import (
     ref_block_scores,
     self_topk,
 )
-from rankopt.registry import Registry
+from rankopt.registries import Registry
 from rankopt.similarity import SIMILARITIES, prepare
 
 DEFAULT_METRICS = ("recall@1", "recall@10", "map@r", "map")
@@ -69,7 +69,8 @@ ALL_METRICS = ("recall@1", "recall@10", "recall@100", "true_recall@10", "precisi
                "map", "mrr", "h-ap", "sum_wap", "asi", "ndcg")  # fmt: skip
 OPTIONS = ("alpha", "weights", "gains")
 MAX_COUNTED_POSITIVES = 32  # above this many positives in a chunk, map/mrr sort the chunk instead
-COUNTED_TOPK_POSITIVES = 16  # tiled kernels, top-k metrics alone: counted ranks up to this many positives per query, heaps above (measured crossover)
+COUNTED_TOPK_POSITIVES = 16  # tiled kernels, top-k metrics alone: counted ranks up to this many positives per query,
+                             # heaps above (measured crossover)
 SELF_BLOCK = 4096  # tile size of the symmetric self-retrieval top-k
 
 
@@ -87,7 +88,8 @@ METRICS: Registry[MetricSpec] = Registry("metric")
 _KINDS = {
     "recall": "topk", "precision": "topk", "true_recall": "topk", "map@r": "topk", "map@k": "topk",
     "map": "full", "mrr": "full",
-    "h-ap": "hierarchical", "sum_wap": "hierarchical", "asi": "hierarchical", "ndcg": "hierarchical", "ap@level": "hierarchical",
+    "h-ap": "hierarchical", "sum_wap": "hierarchical", "asi": "hierarchical", "ndcg": "hierarchical",
+    "ap@level": "hierarchical",
 }  # fmt: skip
 for _family, _kind in _KINDS.items():
     METRICS.register(_family)(lambda name, k=0, _f=_family, _k=_kind: MetricSpec(name, _f, k, _k))
@@ -107,7 +109,8 @@ def parse_metric(name: str) -> MetricSpec:
             raise ValueError(f"metric {name!r}: the cut-off must be >= 1")
         return METRICS.build("map@k" if family == "map" else family, name=key, k=k)
     if ("@" in key and key != "map@r") or key in ("recall", "precision", "true_recall", "map@k", "ap@level"):
-        raise KeyError(f"unknown metric {name!r}; use recall@K, true_recall@K, precision@K, map@K, ap@level{{c}} or one of {', '.join(METRICS.names())}")
+        raise KeyError(f"unknown metric {name!r}; use recall@K, true_recall@K, precision@K, map@K, ap@level{{c}} or "
+                       f"one of {', '.join(METRICS.names())}")
     return METRICS.build(key, name=key)
 
 
@@ -136,8 +139,9 @@ class EvaluationResult:
         return out
 
     def to_record(self) -> dict[str, object]:
-        """The flat record of a run's ``metrics.json``: ``{<metric>: value, "num_queries", "num_queries_without_positive"}``,
-        plus ``"by_category": {name: <the same record>}`` when there are categories."""
+        """The flat record of a run's ``metrics.json``:
+        ``{<metric>: value, "num_queries", "num_queries_without_positive"}``, plus
+        ``"by_category": {name: <the same record>}`` when there are categories."""
         record: dict[str, object] = {**self.metrics, "num_queries": self.num_queries,
                                      "num_queries_without_positive": self.num_queries_without_positive}
         if self.by_category:
@@ -212,7 +216,8 @@ def evaluate(
     if backend not in ("torch", "faiss"):
         raise ValueError(f"unknown backend {backend!r}; use 'torch' or 'faiss'")
     num_levels = q_labels.shape[1]
-    specs = [parse_metric(m) for m in (metrics or (DEFAULT_METRICS if num_levels == 1 else DEFAULT_HIERARCHICAL_METRICS))]
+    specs = [parse_metric(m)
+             for m in (metrics or (DEFAULT_METRICS if num_levels == 1 else DEFAULT_HIERARCHICAL_METRICS))]
     for spec in specs:
         if spec.family == "ap@level" and spec.k >= num_levels:
             raise ValueError(f"metric {spec.name!r}: labels have {num_levels} level(s), columns 0..{num_levels - 1}")
@@ -221,7 +226,8 @@ def evaluate(
         raise ValueError(f"backend='faiss' serves top-k metrics only; use backend='torch' for {bad}")
     if ref_block_size is not None:
         arguments.check_ref_block_size(ref_block_size, [s.name for s in specs if s.kind == "hierarchical"], backend)
-    groups = arguments.check_exclusion_groups(query_groups, ref_groups, query.shape[0], ref.shape[0], ref_embeddings is None)
+    groups = arguments.check_exclusion_groups(query_groups, ref_groups, query.shape[0], ref.shape[0],
+                                              ref_embeddings is None)
     if groups is not None and backend == "faiss":
         raise ValueError("backend='faiss' cannot exclude groups (query_groups); use backend='torch'")
     if kernels.check(method) == "compiled" and ref_block_size is not None:
@@ -252,7 +258,8 @@ def evaluate(
 
     sums: dict[str, float] = {s.name: 0.0 for s in specs}
     counts: dict[str, int] = {s.name: 0 for s in specs}
-    totals = None if query_categories is None else CategoryTotals(*category_codes(query_categories, query.shape[0]), list(sums))
+    totals = None if query_categories is None else CategoryTotals(*category_codes(query_categories, query.shape[0]),
+                                                                  list(sums))
     if ref_block_size is not None:
         per_chunk = _blocked_metrics(ctx, query, ref, similarity, chunk_size, ref_block_size, progress)
     else:
@@ -277,7 +284,8 @@ def evaluate(
         num_excluded={name: num_queries - counts[name] for name in sums},
     )
     if totals is not None:
-        result.by_category = {name: EvaluationResult(*values) for name, values in totals.results(ctx.num_pos <= 0).items()}
+        result.by_category = {name: EvaluationResult(*values)
+                              for name, values in totals.results(ctx.num_pos <= 0).items()}
     return result
 
 
@@ -311,7 +319,8 @@ class _Context:
             self.num_pos -= positives
         self.num_refs = int(self.sizes.max())  # the largest retrieval set
         if self.num_refs == 0:
-            raise ValueError("every reference lies in its query's exclusion group (query_groups/ref_groups): no query has an item to retrieve")
+            raise ValueError("every reference lies in its query's exclusion group (query_groups/ref_groups): no query "
+                             "has an item to retrieve")
         self.topk = [(s.name, s.family, s.k) for s in specs if s.kind == "topk"]
         self.hierarchical = [(s.name, s.family, s.k) for s in specs if s.kind == "hierarchical"]
         self.full_binary = any(s.kind == "full" for s in specs)
@@ -320,10 +329,13 @@ class _Context:
         if any(s.family == "map@r" for s in specs):
             cuts.append(int(self.num_pos.max()))
         self.list_len = min(max(cuts, default=0) + 1, self.num_refs)  # one beyond the deepest cut-off
-        self.level_index: LevelIndex | None = None  # the relevant items of each query (hierarchical metrics), built on first use
-        self.may_sort = bool(self.hierarchical) or (self.full_binary and int(self.num_pos.max()) > MAX_COUNTED_POSITIVES)
+        # the relevant items of each query (hierarchical metrics), built on first use
+        self.level_index: LevelIndex | None = None
+        self.may_sort = (bool(self.hierarchical)
+                         or (self.full_binary and int(self.num_pos.max()) > MAX_COUNTED_POSITIVES))
 
-    def from_lists(self, values: torch.Tensor, idx: torch.Tensor, rows: slice | torch.Tensor) -> dict[str, torch.Tensor]:
+    def from_lists(self, values: torch.Tensor, idx: torch.Tensor,
+                   rows: slice | torch.Tensor) -> dict[str, torch.Tensor]:
         """Top-k metrics from top-``K`` lists (``values`` sorted decreasingly, reference ``idx``).
 
         A query's excluded reference is in its list only at ``-inf``, hence last, when the list
@@ -378,7 +390,8 @@ class _Context:
             valid &= self.groups.outside(idx, rows)
         return idx, valid
 
-    def from_blocks(self, query: torch.Tensor, ref: torch.Tensor, similarity: str, block_size: int, rows: slice) -> dict[str, torch.Tensor]:
+    def from_blocks(self, query: torch.Tensor, ref: torch.Tensor, similarity: str, block_size: int,
+                    rows: slice) -> dict[str, torch.Tensor]:
         """Top-k metrics, ``map`` and ``mrr`` of the prepared query rows ``rows``, the reference set read in blocks.
 
         Top-k metrics alone: the per-block top-``K`` lists merged, then :meth:`from_lists`. With
@@ -389,7 +402,8 @@ class _Context:
         own = None if self.own is None else self.own[rows]
 
         def blocks() -> Iterator[tuple[int, torch.Tensor]]:  # the queries' groups scored -inf in each block
-            for start, scores in ref_block_scores(query, ref, similarity=similarity, block_size=block_size, exclude=own):
+            for start, scores in ref_block_scores(query, ref, similarity=similarity, block_size=block_size,
+                                                  exclude=own):
                 yield start, scores if self.groups is None else self.groups.exclude(scores, rows, start)
 
         values = torch.empty((query.shape[0], 0), dtype=query.dtype, device=query.device)
@@ -431,8 +445,8 @@ def _tiled_unavailable(ctx: _Context, query: torch.Tensor, backend: str) -> list
 
 
 def _per_query_metrics(
-    ctx: _Context, query: torch.Tensor, ref: torch.Tensor, similarity: str, chunk_size: int | None, backend: str, progress: bool,
-    method: str,
+    ctx: _Context, query: torch.Tensor, ref: torch.Tensor, similarity: str, chunk_size: int | None, backend: str,
+    progress: bool, method: str,
 ) -> Iterator[dict[str, torch.Tensor]]:
     """Per-query metric values, chunk after chunk, from the cheapest exact search for the requests."""
     gallery = None if ctx.self_retrieval else ref
@@ -449,11 +463,14 @@ def _per_query_metrics(
         else:
             yield ctx.from_lists(found.values, found.indices, everything)
     elif backend == "faiss":
-        lists = faiss_topk(query, gallery, ctx.list_len, similarity=similarity, use_gpu=query.device.type == "cuda", exclude=ctx.own)
+        lists = faiss_topk(query, gallery, ctx.list_len, similarity=similarity, use_gpu=query.device.type == "cuda",
+                           exclude=ctx.own)
         yield ctx.from_lists(*lists, everything)
-    elif ctx.self_retrieval and not (ctx.full_binary or ctx.hierarchical) and ctx.groups is None and query.shape[0] * ctx.list_len * 12 <= 4 * CHUNK_BUDGET_BYTES:
+    elif (ctx.self_retrieval and not (ctx.full_binary or ctx.hierarchical) and ctx.groups is None
+          and query.shape[0] * ctx.list_len * 12 <= 4 * CHUNK_BUDGET_BYTES):
         # symmetric tiles; the (N, K) candidate lists (12 bytes per entry) must fit 1 GiB
-        yield ctx.from_lists(*self_topk(query, ctx.list_len, similarity=similarity, block_size=chunk_size or SELF_BLOCK, progress=progress), everything)
+        yield ctx.from_lists(*self_topk(query, ctx.list_len, similarity=similarity, block_size=chunk_size or SELF_BLOCK,
+                                        progress=progress), everything)
     else:  # query chunks, each scored and served by one thread of a pool on CPU (numpy's sorts are single-threaded)
         threads = torch.get_num_threads() if query.device.type == "cpu" else 1
         # measured peaks: the scores and their sorted copy, and (hierarchical) each query's relevant items' tensors
@@ -465,11 +482,13 @@ def _per_query_metrics(
         starts = range(0, query.shape[0], chunk)
         with ThreadPool(threads) as pool:
             results = pool.imap(lambda start: ctx.from_scores(scores_of(start, start + chunk), start), starts)
-            yield from tqdm(results, total=len(starts), disable=not progress, desc="evaluating", unit="chunk", leave=False)
+            yield from tqdm(results, total=len(starts), disable=not progress, desc="evaluating", unit="chunk",
+                            leave=False)
 
 
 def _blocked_metrics(
-    ctx: _Context, query: torch.Tensor, ref: torch.Tensor, similarity: str, chunk_size: int | None, block_size: int, progress: bool
+    ctx: _Context, query: torch.Tensor, ref: torch.Tensor, similarity: str, chunk_size: int | None, block_size: int,
+    progress: bool
 ) -> Iterator[dict[str, torch.Tensor]]:
     """Per-query metric values, query chunk after query chunk, each against the reference set read in blocks."""
     chunk = chunk_size or default_chunk_size(block_size, bytes_per_score=8)

@@ -50,7 +50,8 @@ def decomposability_gap(
     labels = check_labels(labels, embeddings.shape[0])
     name = "map" if metric.lower() == "ap" else parse_metric(metric).name
     if not 2 <= batch_size <= embeddings.shape[0]:
-        raise ValueError(f"batch_size must be in [2, {embeddings.shape[0]}] (the number of embeddings), got {batch_size}")
+        raise ValueError(f"batch_size must be in [2, {embeddings.shape[0]}] (the number of embeddings), got "
+                         f"{batch_size}")
     if num_repeats < 1:
         raise ValueError(f"num_repeats must be >= 1, got {num_repeats}")
     kwargs = {"metrics": [name], "similarity": similarity, "device": device, **options}

@@ -36,7 +36,8 @@ class ExclusionGroups:
     def __init__(self, query_groups: torch.Tensor, ref_groups: torch.Tensor) -> None:
         self.query, self.ref = query_groups, ref_groups
 
-    def excluded_counts(self, q_fine: torch.Tensor, r_fine: torch.Tensor, own: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+    def excluded_counts(self, q_fine: torch.Tensor, r_fine: torch.Tensor,
+                        own: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
         """``(items, positives)``, both ``(Q,)``: the references of each query's group, and those sharing
         its finest label, leaving out its own item ``own`` (already excluded by index; ``-1``: none)."""
         grouped = self.query >= 0
@@ -68,7 +69,8 @@ def category_codes(categories: Sequence[object], num_queries: int) -> tuple[list
     if isinstance(categories, (str, bytes)) or not hasattr(categories, "__len__"):
         raise TypeError(f"query_categories must be a sequence of names, one per query, got {type(categories).__name__}")
     if len(categories) != num_queries:
-        raise ValueError(f"query_categories has {len(categories)} entries for {num_queries} queries (one name per query, None: none)")
+        raise ValueError(f"query_categories has {len(categories)} entries for {num_queries} queries (one name per "
+                         "query, None: none)")
     text = [None if c is None else str(c) for c in categories]
     names = sorted({c for c in text if c is not None})
     position = {name: i for i, name in enumerate(names)}
@@ -101,7 +103,8 @@ class CategoryTotals:
         without = torch.bincount(self.codes[known & without_positive.cpu()], minlength=size)
         out = {}
         for c, category in enumerate(self.names):
-            metrics = {m: float(self.sums[m][c]) / int(self.counts[m][c]) if self.counts[m][c] else math.nan for m in self.sums}
+            metrics = {m: float(self.sums[m][c]) / int(self.counts[m][c]) if self.counts[m][c] else math.nan
+                       for m in self.sums}
             excluded = {m: int(queries[c] - self.counts[m][c]) for m in self.sums}
             out[category] = (metrics, int(queries[c]), int(without[c]), excluded)
         return out

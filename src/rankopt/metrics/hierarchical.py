@@ -103,7 +103,8 @@ class RankedLevels:
         ascending = sorted_rows(scores)
         ranks = scores.shape[1] - count_below(ascending, rel_scores)
         end = tie_ends(rel_scores)
-        at_rank = torch.stack([torch.cumsum(levels == lv, dim=1, dtype=torch.int32).gather(1, end) for lv in range(1, num_levels + 1)])
+        at_rank = torch.stack([torch.cumsum(levels == lv, dim=1, dtype=torch.int32).gather(1, end)
+                               for lv in range(1, num_levels + 1)])
         relevant = at_rank[:, :, -1].T.to(torch.float64)  # (Q, L): |Omega^(l)|, l >= 1
         counts = torch.cat([(sizes - relevant.sum(dim=1)).unsqueeze(1), relevant], dim=1)
         return cls(levels, ranks, at_rank, counts, ascending, num_levels)
@@ -113,7 +114,8 @@ def h_ap(r: RankedLevels, **relevance_kwargs: object) -> torch.Tensor:
     """H-AP (Eq. 19) per query; ``relevance_kwargs`` go to :func:`rankopt.rank.relevance.relevance`."""
     levels, num_levels = r.levels, r.num_levels
     per_level = torch.arange(num_levels + 1, device=levels.device).expand(levels.shape[0], -1)
-    table = relevance(per_level, num_levels, counts=r.counts, **relevance_kwargs)  # type: ignore[arg-type]  # (Q, L + 1)
+    # (Q, L + 1)
+    table = relevance(per_level, num_levels, counts=r.counts, **relevance_kwargs)  # type: ignore[arg-type]
     rel = table.gather(1, levels)
     h_rank = rel.clone()
     for lv in range(1, num_levels + 1):
@@ -136,15 +138,18 @@ def ap_at_level(r: RankedLevels, min_level: int) -> torch.Tensor:
 def ndcg(r: RankedLevels, gains: str | Sequence[float] = "exp") -> torch.Tensor:
     """NDCG (Eq. 23) with pessimistic ranks; the ideal ranking sorts items by decreasing gain.
 
-    The level-0 items add ``g_0 sum_{k in Omega^(0)} 1/log2(1 + rank(k))``, from the sorted rows, only when ``g_0 != 0``."""
+    The level-0 items add ``g_0 sum_{k in Omega^(0)} 1/log2(1 + rank(k))``, from the sorted rows, only when
+    ``g_0 != 0``."""
     levels, device = r.levels, r.levels.device
     level_gain = ndcg_gains(torch.arange(r.num_levels + 1, device=device), gains)
-    log_rank = torch.log2(1.0 + torch.arange(r.ascending.shape[1] + 1, dtype=torch.float64, device=device))  # [r]: log2(1 + r)
+    # [r]: log2(1 + r)
+    log_rank = torch.log2(1.0 + torch.arange(r.ascending.shape[1] + 1, dtype=torch.float64, device=device))
     relevant_gain = torch.cat([torch.zeros(1, dtype=torch.float64, device=device), level_gain[1:]])
     dcg = (relevant_gain[levels] / log_rank[r.ranks]).sum(dim=1)
     if float(level_gain[0]) != 0.0:
         descending = r.ascending.flip(1)  # excluded items (-inf) last
-        every = torch.where(descending > float("-inf"), 1.0 / log_rank[list_ranks(descending, complete=True)], 0.0).sum(dim=1)
+        every = torch.where(descending > float("-inf"), 1.0 / log_rank[list_ranks(descending, complete=True)],
+                            0.0).sum(dim=1)
         dcg += level_gain[0] * (every - torch.where(levels > 0, 1.0 / log_rank[r.ranks], 0.0).sum(dim=1))
     order = level_gain.argsort(descending=True, stable=True)
     discount = torch.cat([torch.zeros(1, dtype=torch.float64, device=device), (1.0 / log_rank[1:]).cumsum(0)])

@@ -40,7 +40,8 @@ def _masks(gnd: Sequence[Mapping[str, Sequence[int]]], keys: Sequence[str], num_
     return mask
 
 
-def _query_values(order: torch.Tensor, ok: torch.Tensor, junk: torch.Tensor, kappas: Sequence[int]) -> tuple[torch.Tensor, torch.Tensor]:
+def _query_values(order: torch.Tensor, ok: torch.Tensor, junk: torch.Tensor,
+                  kappas: Sequence[int]) -> tuple[torch.Tensor, torch.Tensor]:
     """Per-query trapezoid AP ``(Q,)`` and mP@k ``(Q, len(kappas))`` for rankings ``order`` (NaN without positive)."""
     ok = ok.gather(1, order)
     junk = junk.gather(1, order) & ~ok

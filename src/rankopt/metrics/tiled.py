@@ -68,7 +68,8 @@ class TiledSearch:
     ranks: torch.Tensor
 
 
-def query_blocks(counts: list[int], ref_starts: list[int], ref_ends: list[int], tile: int, limit: int) -> list[tuple[int, int, int, int]]:
+def query_blocks(counts: list[int], ref_starts: list[int], ref_ends: list[int], tile: int,
+                 limit: int) -> list[tuple[int, int, int, int]]:
     """``(q_lo, q_hi, r_lo, r_hi)`` blocks over queries sorted by class.
 
     Class ``c`` has ``counts[c]`` consecutive queries and its positives at references
@@ -106,7 +107,8 @@ class _State:
         self.counts = torch.zeros((num_queries, width), dtype=torch.int64)
 
     def numpy(self, rows: slice) -> tuple[np.ndarray, ...]:
-        return tuple(t[rows].numpy() for t in (self.heap_values, self.heap_ids, self.thresholds, self.npos, self.counts))
+        return tuple(t[rows].numpy()
+                     for t in (self.heap_values, self.heap_ids, self.thresholds, self.npos, self.counts))
 
 
 def tiled_search(
@@ -140,7 +142,8 @@ def tiled_search(
     num_queries = query.shape[0]
     num_refs = num_queries if self_retrieval else ref.shape[0]
     if count_positives:
-        q_order, r_order, ref_starts, ref_counts, class_of_query, blocks = _class_blocks(query_fine, ref_fine, self_retrieval, tile)
+        q_order, r_order, ref_starts, ref_counts, class_of_query, blocks = _class_blocks(
+            query_fine, ref_fine, self_retrieval, tile)
     else:  # plain tiles in the given order; the diagonal tiles (self-retrieval) come first
         q_order, r_order = torch.arange(num_queries), torch.arange(num_refs)
         blocks = [(lo, min(lo + tile, num_queries)) * 2 if self_retrieval else (lo, min(lo + tile, num_queries), 0, 0)
@@ -162,14 +165,17 @@ def tiled_search(
     cols_max = max([tile, rows_max] + [r_hi - r_lo for _, _, r_lo, r_hi in blocks])
 
     with ThreadPool(torch.get_num_threads()) as pool:
-        buffers = [torch.empty(-(-rows_max // pool.threads) * cols_max, dtype=x_query.dtype) for _ in range(pool.threads)]
+        buffers = [torch.empty(-(-rows_max // pool.threads) * cols_max, dtype=x_query.dtype)
+                   for _ in range(pool.threads)]
 
         def scores_of(t: int, rows: slice, cols: slice) -> torch.Tensor:
             """The scores of ``rows x cols``, computed by pool thread ``t`` into its own buffer."""
-            out = buffers[t][: (rows.stop - rows.start) * (cols.stop - cols.start)].view(rows.stop - rows.start, cols.stop - cols.start)
+            out = buffers[t][: (rows.stop - rows.start) * (cols.stop - cols.start)].view(
+                rows.stop - rows.start, cols.stop - cols.start)
             return pairwise(x_query[rows], x_ref[cols], similarity, prepared=True, out=out)
 
-        def serve_rows(scores: torch.Tensor, rows: slice, cols: slice, skip: tuple[int, int], check_labels: bool) -> None:
+        def serve_rows(scores: torch.Tensor, rows: slice, cols: slice, skip: tuple[int, int],
+                       check_labels: bool) -> None:
             local = own_sorted[rows] - cols.start
             own_in = torch.where((local >= 0) & (local < scores.shape[1]), local, -1).numpy()
             kernels.rows_pass(scores.numpy(), 0, scores.shape[0], cols.start, *state.numpy(rows), own_in, *skip,
@@ -197,7 +203,8 @@ def tiled_search(
                     if skip_lo == 0 and skip_hi == n:
                         continue
                     cols = slice(c_lo, c_lo + n)
-                    serve_rows(scores_of(t, rows, cols), rows, cols, (skip_lo, skip_hi) if skip_lo < skip_hi else (n, n), False)
+                    serve_rows(scores_of(t, rows, cols), rows, cols,
+                               (skip_lo, skip_hi) if skip_lo < skip_hi else (n, n), False)
 
         pool.each(positive_tiles)  # rows are never shared between threads: no synchronisation inside a phase
         if not self_retrieval:
@@ -213,7 +220,8 @@ def tiled_search(
                     cols = slice(b_lo, b_hi)
                     pair = buffer[: (a_hi - a_lo) * (b_hi - b_lo)].view(a_hi - a_lo, b_hi - b_lo)
 
-                    def product(lo: int, hi: int, pair: torch.Tensor = pair, rows: slice = rows, cols: slice = cols) -> None:
+                    def product(lo: int, hi: int, pair: torch.Tensor = pair, rows: slice = rows,
+                                cols: slice = cols) -> None:
                         pairwise(x_query[rows][lo:hi], x_ref[cols], similarity, prepared=True, out=pair[lo:hi])
 
                     pairs.serve(pair.numpy(), rows, cols, product)
@@ -241,7 +249,8 @@ def _pair_counts(state: _State, pool: ThreadPool, blocks: list[tuple[int, int, i
             for b in range(a + 1, len(blocks)):
                 b_lo, b_hi = blocks[b][:2]
                 scores = scores_of(t, rows, slice(b_lo, b_hi)).numpy()
-                kernels.pair_counts(scores, 0, scores.shape[0], row_state[2], row_state[3], row_state[4], thresholds_t, npos[b],
+                kernels.pair_counts(scores, 0, scores.shape[0], row_state[2], row_state[3], row_state[4], thresholds_t,
+                                    npos[b],
                                     column_acc[t], b_lo)
 
     pool.each(tiles)
@@ -337,7 +346,8 @@ def _read_thresholds(state: _State, rows: slice, tile_scores: torch.Tensor, firs
     state.npos[rows] = npos
 
 
-def _result(state: _State, q_order: torch.Tensor, r_order: torch.Tensor, own_sorted: torch.Tensor, own: torch.Tensor | None,
+def _result(state: _State, q_order: torch.Tensor, r_order: torch.Tensor, own_sorted: torch.Tensor,
+            own: torch.Tensor | None,
             width: int) -> TiledSearch:
     """Lists sorted, references and queries back in their original order, ranks = negatives + ``rank+``."""
     values, order = state.heap_values.sort(dim=1, descending=True)

@@ -96,9 +96,11 @@ def ref_block_scores(
 
 
 def merge_topk(
-    values: torch.Tensor, indices: torch.Tensor, new_values: torch.Tensor, new_indices: torch.Tensor, k: int | None = None
+    values: torch.Tensor, indices: torch.Tensor, new_values: torch.Tensor, new_indices: torch.Tensor,
+    k: int | None = None
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Top-``k`` of the union of two candidate lists (``k``: by default the width of ``values``; at most the union's)."""
+    """Top-``k`` of the union of two candidate lists (``k``: by default the width of ``values``; at most the
+    union's)."""
     both_values = torch.cat([values, new_values], dim=1)
     best, pos = both_values.topk(min(k or values.shape[1], both_values.shape[1]), dim=1)
     return best, torch.cat([indices, new_indices], dim=1).gather(1, pos)

@@ -41,7 +41,8 @@ def _pairs(scores: ArrayLike, labels: ArrayLike) -> tuple[np.ndarray, np.ndarray
         raise ValueError(f"scores: {bad.size} pair(s) with NaN or Inf scores, first pair {bad[0]} ({s[bad[0]]})")
     bad = np.flatnonzero((y != 0) & (y != 1))
     if bad.size:
-        raise ValueError(f"labels: pair {bad[0]} has label {y[bad[0]].item()!r}; labels are 1 (genuine) or 0 (impostor)")
+        raise ValueError(f"labels: pair {bad[0]} has label {y[bad[0]].item()!r}; labels are 1 (genuine) or 0 "
+                         "(impostor)")
     genuine = y == 1
     num_genuine = int(genuine.sum())
     if num_genuine == 0 or num_genuine == genuine.size:
@@ -90,7 +91,8 @@ class OperatingPoint:
     measurable: bool
 
 
-def operating_points(scores: ArrayLike, labels: ArrayLike, fars: Sequence[float] = DEFAULT_FARS) -> list[OperatingPoint]:
+def operating_points(scores: ArrayLike, labels: ArrayLike,
+                     fars: Sequence[float] = DEFAULT_FARS) -> list[OperatingPoint]:
     """One :class:`OperatingPoint` per target FAR: ``t* = min {t : FAR(t) <= far}`` over the ROC thresholds
     (:func:`roc_points`: ``+inf``, then every distinct score), ``TAR(t*) = max {TAR(t) : FAR(t) <= far}``
     (never interpolated; the achievable FARs are multiples of ``1 / #impostors``, fewer with ties).
@@ -131,7 +133,8 @@ def _ids(values: ArrayLike, name: str, shape: tuple[int | None, ...]) -> torch.T
     return v.long()
 
 
-def _row_sums(embeddings: torch.Tensor, rows: torch.Tensor | None, group: torch.Tensor, num_groups: int) -> torch.Tensor:
+def _row_sums(embeddings: torch.Tensor, rows: torch.Tensor | None, group: torch.Tensor,
+              num_groups: int) -> torch.Tensor:
     """``(num_groups, D)`` float64: ``sums[group[k]] += embeddings[rows[k]]`` (``rows=None``: row ``k``),
     ``ROW_CHUNK`` rows at a time (a memory-mapped set is never copied whole)."""
     sums = torch.zeros((num_groups, embeddings.shape[1]), dtype=torch.float64, device=embeddings.device)
@@ -154,7 +157,8 @@ def group_mean(embeddings: torch.Tensor, groups: ArrayLike) -> tuple[torch.Tenso
     return (sums / counts.unsqueeze(1)).to(embeddings.dtype), group_ids
 
 
-def template_embeddings(item_embeddings: torch.Tensor, media: ArrayLike, templates: ArrayLike) -> tuple[torch.Tensor, torch.Tensor]:
+def template_embeddings(item_embeddings: torch.Tensor, media: ArrayLike,
+                        templates: ArrayLike) -> tuple[torch.Tensor, torch.Tensor]:
     """``(features (T, D), template_ids (T,))``: the IJB-C template features, float64, unit norm
     (zero where the embeddings sum to zero), ``template_ids`` increasing (as :func:`group_mean`).
 
@@ -195,7 +199,8 @@ def _template_rows(template_ids: torch.Tensor, wanted: torch.Tensor, column: int
     return rows
 
 
-def verification_metrics(item_embeddings: torch.Tensor, media: ArrayLike, templates: ArrayLike, template_pairs: ArrayLike,
+def verification_metrics(item_embeddings: torch.Tensor, media: ArrayLike, templates: ArrayLike,
+                         template_pairs: ArrayLike,
                          similarity: str = "cosine", fars: Sequence[float] = DEFAULT_FARS) -> dict[str, float]:
     """IJB-C 1:1 verification: :func:`tar_at_far` of the template pairs scored on their
     :func:`template_embeddings`.
@@ -240,7 +245,8 @@ def parse_far_keys(names: Sequence[str]) -> tuple[list[str], list[float]]:
     return others, fars
 
 
-def all_pairs_scores(embeddings: torch.Tensor, labels: ArrayLike, similarity: str = "cosine") -> tuple[np.ndarray, np.ndarray]:
+def all_pairs_scores(embeddings: torch.Tensor, labels: ArrayLike,
+                     similarity: str = "cosine") -> tuple[np.ndarray, np.ndarray]:
     """``(scores (P,) float64, genuine (P,) int64)`` of the ``P = N (N - 1) / 2`` pairs ``i < j`` of a labelled set
     (row-major order), genuine (1) when their finest labels (column 0) are equal, else impostors (0); scores by
     ``rankopt.similarity.pairwise``, at most :data:`MAX_ALL_PAIRS` pairs."""

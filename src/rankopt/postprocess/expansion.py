@@ -2,7 +2,8 @@
 
 Both replace a vector by the normalised, similarity-weighted sum of itself and its top-``k``
 neighbours (Radenović et al., TPAMI 2018, "α-weighted query expansion"; the α-weighted DBA, ADBA,
-of Revaud et al.'s dirtorch evaluation), found by the exact chunked search :func:`rankopt.metrics.topk.chunked_topk` (bounded memory):
+of Revaud et al.'s dirtorch evaluation), found by the exact chunked search :func:`rankopt.metrics.topk.chunked_topk`
+(bounded memory):
 
 * αQE: ``q' = normalize(q + Σ_{i≤k} max(s_i, 0)^α g_i)`` over the query's top-``k`` gallery items
   ``g_i`` with similarities ``s_i``; a query's own item in the gallery (``exclude``) is never one.
@@ -59,7 +60,8 @@ def expand(vectors: torch.Tensor, candidates: torch.Tensor | None, expansion: Ex
     if candidates is not None:
         check_embeddings(candidates, "expansion gallery")
         if candidates.shape[1] != vectors.shape[1]:
-            raise ValueError(f"embeddings to expand have {vectors.shape[1]} dimensions, the gallery {candidates.shape[1]}")
+            raise ValueError(f"embeddings to expand have {vectors.shape[1]} dimensions, the gallery "
+                             f"{candidates.shape[1]}")
     if expansion.k == 0:
         return vectors
     scores, neighbours = chunked_topk(vectors, candidates, expansion.k, similarity=similarity,

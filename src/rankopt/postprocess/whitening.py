@@ -104,7 +104,8 @@ def _scales_text(scales: tuple[float, ...] | None) -> str:
 
 
 def shrink(cov: torch.Tensor, shrinkage: float) -> torch.Tensor:
-    """``(1 − β) Σ + β (tr Σ / D) I``: interpolates between ``Σ`` and an isotropic covariance of the same trace."""
+    """``(1 − β) Σ + β (tr Σ / D) I``: interpolates between ``Σ`` and an isotropic covariance of the same
+    trace."""
     if not 0.0 <= shrinkage <= 1.0:
         raise ValueError(f"shrinkage must be in [0, 1], got {shrinkage}")
     if shrinkage == 0.0:
@@ -150,7 +151,8 @@ def fit_pca_whitening(x: torch.Tensor, *, power: float = 0.5, shrinkage: float =
     return Whitening(mean, projection, "pca", float(power), float(shrinkage), fitted_on)
 
 
-def matching_pairs(labels: torch.Tensor | np.ndarray, *, max_pairs_per_class: int = 1000, seed: int = 0) -> torch.Tensor:
+def matching_pairs(labels: torch.Tensor | np.ndarray, *, max_pairs_per_class: int = 1000,
+                   seed: int = 0) -> torch.Tensor:
     """``(P, 2)`` int64 index pairs ``(i, j)``, ``i < j``, of items with the same label (column 0, the
     finest, of ``(N, L)`` labels): every pair of each class, or ``max_pairs_per_class`` of them drawn
     without replacement with ``seed`` when a class has more."""

@@ -31,7 +31,8 @@ is ``inf``, giving ``sigma = 0`` and ``sigma' = 0``, the float32 values of ``sig
 FLOAT32, FLOAT64, DIRECT = 0, 1, 2
 """Row modes of :func:`exponentials`."""
 _JIT = dict(nogil=True, cache=True, fastmath={"reassoc", "contract"}, error_model="numpy")
-"""``reassoc``: the sums over items vectorise; ``error_model="numpy"``: no zero-division check, the division vectorises."""
+"""``reassoc``: the sums over items vectorise; ``error_model="numpy"``: no zero-division check, the division
+vectorises."""
 
 
 TILE = 512
@@ -54,16 +55,19 @@ def _values(a, b, e, f, direct, cap, start, rho_tau, out):  # pragma: no cover -
     if direct:
         for k in range(a.shape[0]):
             s = kind(1.0 / (1.0 + math.exp(np.float64(b) - np.float64(a[k]))))
-            out[k] = _value(s, a[k] - b > cap, kind(a[k]) - kind(b) - kind(cap), at_cap, rho_tau, start if a[k] >= b else zero)
+            out[k] = _value(s, a[k] - b > cap, kind(a[k]) - kind(b) - kind(cap), at_cap, rho_tau,
+                            start if a[k] >= b else zero)
         return
     for k in range(a.shape[0]):
         s = one / (one + e[k] * f)
-        out[k] = _value(s, a[k] - b > cap, kind(a[k]) - kind(b) - kind(cap), at_cap, rho_tau, start if a[k] >= b else zero)
+        out[k] = _value(s, a[k] - b > cap, kind(a[k]) - kind(b) - kind(cap), at_cap, rho_tau,
+                        start if a[k] >= b else zero)
 
 
 @nb.njit(inline="always", **_JIT)
 def _add_masked(weights, lo, values, sums):  # pragma: no cover - compiled
-    """``sums[g] += sum_k weights[g, lo + k] values[k]`` in float64 (``weights`` one row's ``(G, M)``: contiguous slices)."""
+    """``sums[g] += sum_k weights[g, lo + k] values[k]`` in float64 (``weights`` one row's ``(G, M)``: contiguous
+    slices)."""
     for g in range(weights.shape[0]):
         w = weights[g, lo : lo + values.shape[0]]
         total = 0.0
@@ -73,7 +77,8 @@ def _add_masked(weights, lo, values, sums):  # pragma: no cover - compiled
 
 
 @nb.njit(**_JIT)
-def surrogate_sums(scaled, pivots, weights, e, f, e32, f32, mode, cap, start, rho_tau, out, first, last):  # pragma: no cover - compiled
+def surrogate_sums(scaled, pivots, weights, e, f, e32, f32, mode, cap, start, rho_tau,  # pragma: no cover - compiled
+                   out, first, last):
     """``out[c, g, p] = sum_k w[c, g, k] h(a_k - b_p)`` for rows ``first <= c < last`` (``h``: module docstring), over
     tiles of :data:`TILE` items; ``scaled`` ``(C, M)``, ``pivots`` ``(C, P)``, ``weights`` ``(C, G, M)``, ``cap`` of
     their dtype, ``out`` ``(C, G, P)``; ``e``, ``f``, ``e32``, ``f32``, ``mode`` from :func:`exponentials`."""
@@ -130,10 +135,12 @@ def _mix(weights, lo, grad, out):  # pragma: no cover - compiled
 
 
 @nb.njit(**_JIT)
-def surrogate_gradient(scaled, pivots, weights, e, f, e32, f32, mode, cap, grad, rho_tau, d_scores, d_pivots, first, last):  # pragma: no cover - compiled
+def surrogate_gradient(scaled, pivots, weights, e, f, e32, f32, mode, cap, grad, rho_tau,  # pragma: no cover - compiled
+                       d_scores, d_pivots, first, last):
     """The gradient of ``sum_{g, p} grad[c, g, p] out[c, g, p]`` (:func:`surrogate_sums`) w.r.t. ``a`` and ``b`` for
     rows ``first <= c < last``: with ``h'(u) = sigma (1 - sigma)`` (``rho_tau`` beyond ``cap``) and
-    ``t_pk = h'(a_k - b_p) sum_g grad[c, g, p] w[c, g, k]``, ``d_scores[c, k] = sum_p t_pk``, ``d_pivots[c, p] = -sum_k t_pk``."""
+    ``t_pk = h'(a_k - b_p) sum_g grad[c, g, p] w[c, g, k]``, ``d_scores[c, k] = sum_p t_pk``,
+    ``d_pivots[c, p] = -sum_k t_pk``."""
     width, num_pivots = scaled.shape[1], pivots.shape[1]
     wide, narrow, total, pivot = np.empty(TILE), np.empty(TILE, np.float32), np.empty(TILE), np.empty(num_pivots)
     for c in range(first, last):
@@ -150,7 +157,8 @@ def surrogate_gradient(scaled, pivots, weights, e, f, e32, f32, mode, cap, grad,
                 else:
                     mixed = wide[: hi - lo]
                     _mix(w, lo, grad[c, :, p], mixed)
-                    pivot[p] -= _slope_terms(a, pivots[c, p], e[c, lo:hi], f[c, p], mode[c] == DIRECT, cap, rho_tau, mixed, t)
+                    pivot[p] -= _slope_terms(a, pivots[c, p], e[c, lo:hi], f[c, p], mode[c] == DIRECT, cap, rho_tau,
+                                             mixed, t)
             d_scores[c, lo:hi] = t
         d_pivots[c] = pivot
 

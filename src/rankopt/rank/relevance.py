@@ -51,7 +51,8 @@ def relevance(
         mass = (level_idx / num_levels) ** alpha
         per_level = torch.where(counts > 0, mass / counts.clamp(min=1), torch.zeros_like(counts))
     elif kind == "sum_wap":
-        w = torch.full((num_levels,), 1.0 / num_levels, dtype=torch.float64) if weights is None else torch.as_tensor(weights, dtype=torch.float64)
+        w = (torch.full((num_levels,), 1.0 / num_levels, dtype=torch.float64) if weights is None
+             else torch.as_tensor(weights, dtype=torch.float64))
         if w.numel() != num_levels or bool((w < 0).any()):
             raise ValueError(f"sum_wap needs {num_levels} non-negative weights, got {w.tolist()}")
         w = (w / w.sum()).to(lv.device)

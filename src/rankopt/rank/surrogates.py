@@ -15,8 +15,8 @@ query (padded) and ``M`` retrieved items — never ``M^3``:
 (:mod:`rankopt.rank._surrogate_kernels`, ``method`` chosen by :mod:`rankopt.kernels`); the reference is evaluated
 in blocks of :data:`KERNEL_BLOCK` elements ``(rows, P, M)`` that stay in cache (:data:`GPU_KERNEL_BLOCK` on a GPU):
 the values and the derivative are computed in place in two reused block buffers, the sums over items and the
-gradients are batched products (``bmm``), and the backward recomputes the derivative block by block: no ``(C, P, M)`` tensor
-is allocated (fresh pages of such tensors cost more on CPU than the whole recomputation).
+gradients are batched products (``bmm``), and the backward recomputes the derivative block by block: no ``(C, P, M)``
+tensor is allocated (fresh pages of such tensors cost more on CPU than the whole recomputation).
 
 Items are split into ``G`` masks (``(C, G, M)``, bool or 0/1 floats, e.g. the negatives, or for
 hierarchical labels the items of level ``< l`` for each ``l``); each pivot uses the mask
@@ -51,7 +51,8 @@ def default_delta(tau: float = 0.01, eps: float = 1e-2) -> float:
     return tau * math.log((1.0 - eps) / eps)
 
 
-def sup_step(t: torch.Tensor, tau: float = 0.01, rho: float = 100.0, delta: float | None = None, start: float = 0.5) -> torch.Tensor:
+def sup_step(t: torch.Tensor, tau: float = 0.01, rho: float = 100.0, delta: float | None = None,
+             start: float = 0.5) -> torch.Tensor:
     """SupRank ``H^-`` (ROADMAP Eq. 4 = TPAMI Eq. 4)::
 
         H^-(t) = sigma(t / tau)                                  t < 0
@@ -77,10 +78,12 @@ class _SurrogateSums(torch.autograd.Function):
     or ``f(u) = sigma(min(u, cap)) + start * H(u) + rho_tau * [u - cap]_+`` (``H^-`` in units of ``tau``).
     ``compiled`` (CPU): one pass of :mod:`rankopt.rank._surrogate_kernels` each way, rows split over
     ``torch.get_num_threads()`` threads; else (the reference) dense passes over blocks of rows (:func:`_blocks`) whose
-    backward recomputes ``f'`` block by block. Saved: the scaled scores, the pivots and the masks, no ``(C, P, M)`` tensor."""
+    backward recomputes ``f'`` block by block. Saved: the scaled scores, the pivots and the masks, no ``(C, P, M)``
+    tensor."""
 
     @staticmethod
-    def forward(ctx, scores, pivot_scores, masks, tau: float, cap: float | None, rho_tau: float, start: float, compiled: bool):  # type: ignore[override]
+    def forward(ctx, scores, pivot_scores, masks, tau: float, cap: float | None,  # type: ignore[override]
+                rho_tau: float, start: float, compiled: bool):
         scaled, pivots = scores / tau, pivot_scores / tau
         # the masks are the left factor of every product: (G, M) x (M, P) is ~5x faster on CPU than (P, M) x (M, G)
         weights = masks.to(scaled.dtype).contiguous()  # (C, G, M)
@@ -119,7 +122,8 @@ class _SurrogateSums(torch.autograd.Function):
 
 
 def _dense_sums(scaled, pivots, weights, cap: float | None, rho_tau: float, start: float, sums: torch.Tensor) -> None:
-    """The reference forward of :class:`_SurrogateSums` into ``sums`` ``(C, G, P)``: dense passes over blocks of rows."""
+    """The reference forward of :class:`_SurrogateSums` into ``sums`` ``(C, G, P)``: dense passes over blocks of
+    rows."""
     num_masks = weights.shape[1]
     if cap is not None:  # [w ; w s / tau]: counts and sums of the items beyond cap in one product
         beyond_left = torch.cat([weights, weights * scaled.unsqueeze(1)], dim=1)
@@ -127,20 +131,23 @@ def _dense_sums(scaled, pivots, weights, cap: float | None, rho_tau: float, star
         if cap is None:
             torch.bmm(weights[rows], u.sigmoid_().transpose(1, 2), out=sums[rows])
             continue
-        block = torch.bmm(weights[rows], torch.ge(u, 0.0, out=indicator).transpose(1, 2)).mul_(start)  # the pessimistic step H(u)
+        # the pessimistic step H(u)
+        block = torch.bmm(weights[rows], torch.ge(u, 0.0, out=indicator).transpose(1, 2)).mul_(start)
         # sum_k w_k [u_k > cap] (u_k - cap) = sum_k w_k [.] s_k / tau - (t_p / tau + cap) #{.}
         beyond = torch.bmm(beyond_left[rows], torch.gt(u, cap, out=indicator).transpose(1, 2))
         block += rho_tau * (beyond[:, num_masks:] - (pivots[rows] + cap).unsqueeze(1) * beyond[:, :num_masks])
         sums[rows] = block.baddbmm_(weights[rows], u.clamp_(max=cap).sigmoid_().transpose(1, 2))
 
 
-def _run_compiled(name: str, scaled: torch.Tensor, pivots: torch.Tensor, weights: torch.Tensor, cap: float | None, *rest) -> None:
+def _run_compiled(name: str, scaled: torch.Tensor, pivots: torch.Tensor, weights: torch.Tensor, cap: float | None,
+                  *rest) -> None:
     """Call kernel ``name`` of :mod:`rankopt.rank._surrogate_kernels` over the rows in ``torch.get_num_threads()``
     threads; tensors go as numpy views (outputs written in place), ``cap`` (``None``: inf) in the scores' dtype."""
     from rankopt.rank import _surrogate_kernels as compiled  # noqa: PLC0415 - numba: 0.3 s import
 
     arrays = [t.detach().contiguous().numpy() for t in (scaled, pivots, weights)]
-    arrays += [*compiled.exponentials(scaled.detach(), pivots.detach()), arrays[0].dtype.type(math.inf if cap is None else cap)]
+    arrays += [*compiled.exponentials(scaled.detach(), pivots.detach()),
+               arrays[0].dtype.type(math.inf if cap is None else cap)]
     arrays += [arg.numpy() if isinstance(arg, torch.Tensor) else arg for arg in rest]
     kernel = getattr(compiled, name)
     with ThreadPool(torch.get_num_threads()) as pool:
@@ -171,10 +178,13 @@ def compiled_sums(method: str, scores: torch.Tensor) -> bool:
     return kernels.use_compiled(method, lambda: [] if applies else [got])
 
 
-def sigmoid_sums(scores: torch.Tensor, pivot_scores: torch.Tensor, masks: torch.Tensor, tau: float, method: str = "auto") -> torch.Tensor:
-    """``(C, P, G)``: ``sum_{k in mask g} sigma((s_k - s_p) / tau)`` (Smooth-AP Eq. 6) for every pivot ``p`` and mask ``g``
+def sigmoid_sums(scores: torch.Tensor, pivot_scores: torch.Tensor, masks: torch.Tensor, tau: float,
+                 method: str = "auto") -> torch.Tensor:
+    """``(C, P, G)``: ``sum_{k in mask g} sigma((s_k - s_p) / tau)`` (Smooth-AP Eq. 6) for every pivot ``p`` and mask
+    ``g``
     (``scores`` ``(C, M)``, ``pivot_scores`` ``(C, P)``, ``masks`` ``(C, G, M)`` bool or 0/1 floats; ``method``:
-    :func:`compiled_sums`). Memory: the ``(C, G, M)`` float masks (reference: and two blocks of :data:`KERNEL_BLOCK` floats)."""
+    :func:`compiled_sums`). Memory: the ``(C, G, M)`` float masks (reference: and two blocks of :data:`KERNEL_BLOCK`
+    floats)."""
     return _SurrogateSums.apply(scores, pivot_scores, masks, float(tau), None, 0.0, 0.0, compiled_sums(method, scores))
 
 
@@ -199,7 +209,8 @@ def sup_rank_sums(
     (reference: ``(C, 3G, M)``, masks times scores too, and two blocks of :data:`KERNEL_BLOCK` floats).
     """
     compiled = compiled_sums(method, scores)
-    return _SurrogateSums.apply(scores, pivot_scores, masks, float(tau), float(delta) / float(tau), float(rho) * float(tau), float(start), compiled)
+    return _SurrogateSums.apply(scores, pivot_scores, masks, float(tau), float(delta) / float(tau),
+                                float(rho) * float(tau), float(start), compiled)
 
 
 class Pivots:
@@ -226,13 +237,16 @@ class Pivots:
         weights = self.pair_mask() & (self.levels.unsqueeze(1) >= self.levels.unsqueeze(2))
         return 1.0 + pairwise_step_counts(self.scores, self.scores, weights.to(self.scores.dtype))
 
-    def lower_masks(self, levels: torch.Tensor, valid: torch.Tensor, num_levels: int, first: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
-        """``Omega_k^<`` as ``G = L - first`` float masks ``(C, G, M)`` (mask ``g``: valid items of level ``<= first + g``)
+    def lower_masks(self, levels: torch.Tensor, valid: torch.Tensor, num_levels: int,
+                    first: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+        """``Omega_k^<`` as ``G = L - first`` float masks ``(C, G, M)`` (mask ``g``: valid items of level
+        ``<= first + g``)
         and each pivot's mask index ``level - 1 - first`` (clamped at 0), ``(C, P)``. ``first > 0`` leaves out
         the masks of pivots at levels ``<= first``, which no pivot with a less relevant item uses when no row has
         a valid item below level ``first`` (:func:`lowest_levels`)."""
         bounds = torch.arange(first, num_levels, device=levels.device, dtype=levels.dtype).view(1, -1, 1)
-        masks = torch.le(levels.unsqueeze(1), bounds, out=self.scores.new_empty(levels.shape[0], bounds.shape[1], levels.shape[1]))
+        masks = torch.le(levels.unsqueeze(1), bounds,
+                         out=self.scores.new_empty(levels.shape[0], bounds.shape[1], levels.shape[1]))
         return masks.mul_(valid.unsqueeze(1)), (self.levels - (1 + first)).clamp_(min=0)
 
 
@@ -243,7 +257,8 @@ def row_counts(mask: torch.Tensor) -> torch.Tensor:
     rows = max(1, KERNEL_BLOCK // max(1, mask.shape[1]))
     if mask.shape[0] <= rows:
         return mask.sum(1, dtype=torch.int32).long()
-    return torch.cat([mask[first : first + rows].sum(1, dtype=torch.int32) for first in range(0, mask.shape[0], rows)]).long()
+    return torch.cat([mask[first : first + rows].sum(1, dtype=torch.int32)
+                      for first in range(0, mask.shape[0], rows)]).long()
 
 
 def padded_columns(mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -271,13 +286,14 @@ def lowest_levels(levels: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
 
 
 def has_lower_item(levels: torch.Tensor, valid: torch.Tensor, lowest: torch.Tensor | None = None) -> torch.Tensor:
-    """``(C, M)`` bool, from integer ``levels``: valid items ``k`` whose set ``Omega_k^< = {valid j : l_j < l_k}`` is not empty,
-    i.e. ``l_k > min_{valid j} l_j`` (``lowest``: :func:`lowest_levels`, computed when not given).
+    """``(C, M)`` bool, from integer ``levels``: valid items ``k`` whose set ``Omega_k^< = {valid j : l_j < l_k}`` is
+    not empty, i.e. ``l_k > min_{valid j} l_j`` (``lowest``: :func:`lowest_levels`, computed when not given).
     ``rank_s^-(k)`` is exactly 0 for the other pivots."""
     return valid & (levels > (lowest_levels(levels, valid) if lowest is None else lowest))
 
 
-def level_step_counts(pivot_scores: torch.Tensor, pivot_levels: torch.Tensor, num_levels: int, method: str = "auto") -> torch.Tensor:
+def level_step_counts(pivot_scores: torch.Tensor, pivot_levels: torch.Tensor, num_levels: int,
+                      method: str = "auto") -> torch.Tensor:
     """``N[c, k, m - 1] = sum_j [l_j = m] H(s_j - s_k)`` for ``m = 1..L`` over the pivots ``j`` of row ``c``
     (``k`` itself included: ``H(0) = 1``, pessimistic ties), ``(C, P, L)`` in the scores' dtype, no gradient.
 
@@ -293,13 +309,15 @@ def level_step_counts(pivot_scores: torch.Tensor, pivot_levels: torch.Tensor, nu
     with torch.no_grad():
         sorted_scores, order = pivot_scores.sort(dim=1)
         one_hot = torch.nn.functional.one_hot(torch.gather(pivot_levels, 1, order), num_levels + 1)
-        suffix = torch.zeros(one_hot.shape[0], one_hot.shape[1] + 1, num_levels, dtype=pivot_scores.dtype, device=pivot_scores.device)
+        suffix = torch.zeros(one_hot.shape[0], one_hot.shape[1] + 1, num_levels, dtype=pivot_scores.dtype,
+                             device=pivot_scores.device)
         suffix[:, :-1] = one_hot[..., 1:].flip(1).cumsum(1).flip(1)
         first = torch.searchsorted(sorted_scores, pivot_scores, side="left")
         return torch.gather(suffix, 1, first.unsqueeze(2).expand(-1, -1, num_levels))
 
 
-def level_step_sums(pivot_scores: torch.Tensor, pivot_levels: torch.Tensor, weights: torch.Tensor, method: str = "auto") -> torch.Tensor:
+def level_step_sums(pivot_scores: torch.Tensor, pivot_levels: torch.Tensor, weights: torch.Tensor,
+                    method: str = "auto") -> torch.Tensor:
     """``S[c, k, q] = sum_{m=1..L} weights[c, l_k, m - 1, q] N[c, k, m - 1]`` (``N``: :func:`level_step_counts`),
     ``(C, P, Q)`` in the scores' dtype, no gradient: per-pivot linear maps of the per-level counts whose weights depend
     on the row and the two levels only, e.g. ``rank^+`` (:meth:`Pivots.positive_rank`) or H-AP's ``H-rank^+``
@@ -329,12 +347,14 @@ def level_step_sums(pivot_scores: torch.Tensor, pivot_levels: torch.Tensor, weig
         out = torch.empty(*pivot_scores.shape, weights.shape[3], dtype=pivot_scores.dtype)
         array = out.numpy()
         with ThreadPool(torch.get_num_threads()) as pool:
-            pool.run(lambda _, lo, hi: compiled.step_sums(bits[lo:hi], levels[lo:hi], table[lo:hi], array[lo:hi]), num_rows)
+            pool.run(lambda _, lo, hi: compiled.step_sums(bits[lo:hi], levels[lo:hi], table[lo:hi], array[lo:hi]),
+                     num_rows)
         return out
 
 
 def positive_rank_weights(num_levels: int) -> torch.Tensor:
-    """The :func:`level_step_sums` weights of ``rank^+(k) = sum_{m >= l_k} N[k, m - 1]``: ``[m >= l]``, ``(1, L + 1, L, 1)``."""
+    """The :func:`level_step_sums` weights of ``rank^+(k) = sum_{m >= l_k} N[k, m - 1]``: ``[m >= l]``,
+    ``(1, L + 1, L, 1)``."""
     levels = torch.arange(num_levels + 1, dtype=torch.float64)
     return (levels[1:] >= levels.unsqueeze(1)).to(torch.float64).view(1, num_levels + 1, num_levels, 1)
 
@@ -373,7 +393,8 @@ def sup_negative_rank(
     active: torch.Tensor | None = None,
     method: str = "auto",
 ) -> torch.Tensor:
-    """``rank_s^-(k) = sum_{j in Omega_k^<} H^-(s_j - s_k)`` (TPAMI Eq. 5), ``(C, P)``; pivot ``k`` uses mask ``group[c, k]``.
+    """``rank_s^-(k) = sum_{j in Omega_k^<} H^-(s_j - s_k)`` (TPAMI Eq. 5), ``(C, P)``; pivot ``k`` uses mask
+    ``group[c, k]``.
 
     ``active`` ``(C, P)`` bool (optional): the pivots whose mask may be non-empty (:func:`has_lower_item`);
     only they enter the ``(C, A, M)`` kernel, the others get exactly 0. Pays when few pivots have a

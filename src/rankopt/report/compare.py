@@ -236,7 +236,8 @@ def compare_runs(
         for g in order[1:]:
             pairing = pairings[g] = _pair(groups[g], groups[baseline], pair_by)
             differences[g] = {
-                m: paired_difference([values[a.path][m] for a, _ in pairing.pairs], [values[b.path][m] for _, b in pairing.pairs],
+                m: paired_difference([values[a.path][m] for a, _ in pairing.pairs],
+                                     [values[b.path][m] for _, b in pairing.pairs],
                                      confidence=confidence) if pairing.pairs else None
                 for m in names}
     return Comparison(tuple(runs), tuple(skipped), keys, baseline, pair_by, confidence, tuple(names), groups,

@@ -47,11 +47,13 @@ class _Retrieval:
 def _load_retrieval(path: Path) -> _Retrieval:
     try:
         with np.load(path, allow_pickle=False) as npz:
-            arrays = {k: npz[k] for k in ("query_paths", "query_labels", "ref_paths", "ref_labels", "neighbours", "scores")}
+            arrays = {k: npz[k]
+                      for k in ("query_paths", "query_labels", "ref_paths", "ref_labels", "neighbours", "scores")}
     except (OSError, ValueError, KeyError) as err:
         raise ValueError(f"{path} is corrupt: {err}") from err
     labels = [a.reshape(len(a), -1) for a in (arrays["query_labels"], arrays["ref_labels"])]
-    return _Retrieval({str(p): i for i, p in enumerate(arrays["query_paths"])}, labels[0], arrays["ref_paths"], labels[1],
+    return _Retrieval({str(p): i for i, p in enumerate(arrays["query_paths"])}, labels[0], arrays["ref_paths"],
+                      labels[1],
                       arrays["neighbours"], arrays["scores"])
 
 
@@ -78,7 +80,8 @@ def _group_neighbours(label: str, r: _Retrieval, rows: list[int], k: int) -> Gro
     from rankopt.viz.comparison import GroupNeighbours
 
     nb = r.neighbours[rows, :k]
-    levels = np.stack([relevance_levels(torch.from_numpy(r.query_labels[i : i + 1]), torch.from_numpy(r.ref_labels[n]))[0].numpy()
+    levels = np.stack([relevance_levels(torch.from_numpy(r.query_labels[i : i + 1]),
+                                        torch.from_numpy(r.ref_labels[n]))[0].numpy()
                        for i, n in zip(rows, nb, strict=True)])
     return GroupNeighbours(label, [[str(p) for p in r.ref_paths[n]] for n in nb], levels, r.scores[rows, :k])
 
@@ -104,12 +107,15 @@ def retrieval_rows(c: Comparison, out_path: Path, *, num_queries: int, top_k: in
     drawn = np.random.default_rng(query_seed).choice(len(pool), size=min(num_queries, len(pool)), replace=False)
     queries = [pool[i] for i in sorted(drawn)]
     kept = {g: gr for g, gr in loaded.items() if all(q in gr[1].query_rows for q in queries)}
-    notes += [f"{g}: its {RETRIEVAL_NPZ} lacks the drawn queries (another evaluation set)" for g in loaded if g not in kept]
+    notes += [f"{g}: its {RETRIEVAL_NPZ} lacks the drawn queries (another evaluation "
+              "set)" for g in loaded if g not in kept]
     k = min(top_k, *(r.neighbours.shape[1] for _, r in kept.values()))
     leaf = c.pair_by.rsplit(".", 1)[-1]
-    groups = [_group_neighbours(f"{g} ({leaf} {value_text(run.value(c.pair_by))})", r, [r.query_rows[q] for q in queries], k)
+    groups = [_group_neighbours(f"{g} ({leaf} {value_text(run.value(c.pair_by))})", r,
+                                [r.query_rows[q] for q in queries], k)
               for g, (run, r) in kept.items()]
-    titles = [f"{Path(q).parent.name}/{Path(q).name}\nclass {int(first.query_labels[first.query_rows[q], 0])}" for q in queries]
+    titles = [f"{Path(q).parent.name}/{Path(q).name}\nclass {int(first.query_labels[first.query_rows[q], 0])}"
+              for q in queries]
     path = plot_retrieval_rows(out_path, queries, groups, num_levels=int(first.query_labels.shape[1]),
                                level_names=first_run.report.get("data", {}).get("level_names"), query_titles=titles,
                                title_note=synthetic_note(c))

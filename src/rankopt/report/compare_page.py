@@ -67,10 +67,12 @@ def _setup_section(c: Comparison, out_dir: Path) -> str:
     parts.append(table([" / ".join(c.by), "run", c.pair_by, "epochs", *c.metrics], rows, caption="Runs"))
     if differ:
         values = {k: c.group_values(k) for k in differ}
-        parts.append(table(["config key", *c.groups], [[k, *(", ".join(v) for v in values[k].values())] for k in differ],
+        parts.append(table(["config key", *c.groups],
+                           [[k, *(", ".join(v) for v in values[k].values())] for k in differ],
                            caption="Config keys that differ between runs (values per group)"))
     fixed_table = table(["config key", "value"], [[k, v] for k, v in fixed.items()])
-    parts.append(Raw(f"<details><summary>{len(fixed)} config keys held fixed across all runs</summary>{fixed_table}</details>"))
+    parts.append(Raw(f"<details><summary>{len(fixed)} config keys held fixed across all "
+                     f"runs</summary>{fixed_table}</details>"))
     return section("Setup", "\n".join(parts))
 
 
@@ -103,7 +105,8 @@ def _difference_cell(d: PairedDifference | None) -> str:
     if d is None:
         return DASH
     significant = d.significant(SIGNIFICANCE)
-    lines = ["1 pair"] if d.n < 2 else [f"[{d.ci_low:+.4f},{d.ci_high:+.4f}]", f"p={p_text(d.p_value)}", f"W={p_text(d.wilcoxon_p)}"]
+    lines = ["1 pair"] if d.n < 2 else [f"[{d.ci_low:+.4f},{d.ci_high:+.4f}]", f"p={p_text(d.p_value)}",
+                                        f"W={p_text(d.wilcoxon_p)}"]
     return _cell(f"{d.mean:+.4f}" + (" ✱" if significant else ""), lines, significant)
 
 
@@ -111,11 +114,13 @@ def _differences_section(c: Comparison) -> str:
     rows = [[_cell(g, [f"{c.pairings[g].n_pairs} pairs"], False), *map(_difference_cell, diffs.values())]
             for g, diffs in c.differences.items()]
     notes = [f"d = group − {c.baseline} for runs with the same {c.pair_by}: mean of d [{c.confidence:.0%} confidence "
-             f"interval, Student t with n − 1 degrees of freedom]; p: two-sided paired t-test; W: Wilcoxon signed-rank p-value. "
+             f"interval, Student t with n − 1 degrees of freedom]; p: two-sided paired t-test; "
+             f"W: Wilcoxon signed-rank p-value. "
              f"Bold with ✱: p < {SIGNIFICANCE} (t-test)."]
     fewest = min((p.n_pairs for p in c.pairings.values()), default=0)
     if 1 < fewest < 6:
-        notes.append(f"With n pairs the two-sided Wilcoxon p-value cannot go below 2/2ⁿ ({2 / 2**fewest:.3g} for {fewest} pairs): "
+        notes.append(f"With n pairs the two-sided Wilcoxon p-value cannot go below 2/2ⁿ ({2 / 2**fewest:.3g} for "
+                     f"{fewest} pairs): "
                      "it cannot reach 0.05 with fewer than 6 pairs.")
     for g, pairing in c.pairings.items():
         if pairing.unpaired:
@@ -126,12 +131,14 @@ def _differences_section(c: Comparison) -> str:
     return section(f"Differences to {c.baseline}", Raw(body), anchor="differences")
 
 
-def _figure_section(title: str, path: Path | None, out_dir: Path, caption: str, notes: Sequence[str], missing: str) -> str:
+def _figure_section(title: str, path: Path | None, out_dir: Path, caption: str, notes: Sequence[str],
+                    missing: str) -> str:
     body = figure(Path(os.path.relpath(path, out_dir)).as_posix(), caption) if path is not None else note(missing)
     return section(title, body + "".join(map(note, notes)))
 
 
-def write_comparison(comparison: Comparison, out_dir: str | os.PathLike[str], *, grid_queries: int = 4, grid_top_k: int = 6,
+def write_comparison(comparison: Comparison, out_dir: str | os.PathLike[str], *, grid_queries: int = 4,
+                     grid_top_k: int = 6,
                      grid_seed: int | None = None, query_seed: int = 0) -> dict[str, Path]:
     """Write ``compare.csv`` (one row per group × metric), ``compare.md`` (:func:`markdown_tables`),
     ``figures/learning_curves.png``, ``figures/retrieval_rows.png`` (``grid_queries`` queries drawn with
@@ -153,7 +160,8 @@ def write_comparison(comparison: Comparison, out_dir: str | os.PathLike[str], *,
             metrics=main, title_note=synthetic_note(c))
     except ValueError as err:
         curve_notes.append(f"no learning curves: {err}")
-    grid, grid_notes = retrieval_rows(c, out / "figures" / "retrieval_rows.png", num_queries=grid_queries, top_k=grid_top_k,
+    grid, grid_notes = retrieval_rows(c, out / "figures" / "retrieval_rows.png", num_queries=grid_queries,
+                                      top_k=grid_top_k,
                                       grid_seed=grid_seed, query_seed=query_seed)
     if grid is not None:
         paths["retrieval_rows"] = grid
@@ -162,7 +170,8 @@ def write_comparison(comparison: Comparison, out_dir: str | os.PathLike[str], *,
         sections.append(_differences_section(c))
     sections.append(_figure_section(
         "Learning curves", paths.get("learning_curves"), out,
-        f"{', '.join(main)} and the training loss per epoch (metrics.json): mean over each group's runs, band ± one std.",
+        f"{', '.join(main)} and the training loss per epoch (metrics.json): mean over each group's runs, band ± one "
+        "std.",
         curve_notes, "No learning curves."))
     sections.append(_figure_section(
         "Retrieval", grid, out,

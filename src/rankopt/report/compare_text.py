@@ -27,7 +27,8 @@ def p_text(p: float) -> str:
 
 def _difference(d: PairedDifference) -> str:
     """``+0.0123 [+0.0050, +0.0196] p=0.012``, or ``+0.0123 (1 pair)``."""
-    return f"{d.mean:+.4f} (1 pair)" if d.n < 2 else f"{d.mean:+.4f} [{d.ci_low:+.4f}, {d.ci_high:+.4f}] p={p_text(d.p_value)}"
+    return f"{d.mean:+.4f} (1 pair)" if d.n < 2 else (f"{d.mean:+.4f} [{d.ci_low:+.4f}, {d.ci_high:+.4f}] "
+                                                      f"p={p_text(d.p_value)}")
 
 
 def _md_row(cells: Iterable[str]) -> str:
@@ -59,7 +60,8 @@ def markdown_tables(comparison: Comparison) -> str:
     lines += ["", "Last evaluation of each run: mean ± sample std over its runs; bold: best mean."]
     if c.baseline is not None and c.differences:
         header = [" / ".join(c.by), "pairs", *c.metrics]
-        lines += ["", f"Paired difference to {c.baseline} (matched on {c.pair_by}):", "", _md_row(header), _md_row("---" for _ in header)]
+        lines += ["", f"Paired difference to {c.baseline} (matched on {c.pair_by}):", "", _md_row(header),
+                  _md_row("---" for _ in header)]
         for g, diffs in c.differences.items():
             cells = ["–" if d is None else f"**{_difference(d)}**" if d.significant(SIGNIFICANCE) else _difference(d)
                      for d in diffs.values()]
@@ -78,7 +80,8 @@ def _csv_number(value: float | int | None) -> str:
 
 def write_csv(c: Comparison, path: Path) -> Path:
     """``compare.csv``: one row per group × metric (summary, then the paired difference to the baseline)."""
-    columns = ["group", "metric", "n", "mean", "std", "diff_to_baseline", "ci_low", "ci_high", "p_value", "wilcoxon_p", "n_pairs"]
+    columns = ["group", "metric", "n", "mean", "std", "diff_to_baseline", "ci_low", "ci_high", "p_value", "wilcoxon_p",
+               "n_pairs"]
     with open(path, "w", newline="", encoding="utf-8") as f:
         writer = csv.writer(f)
         writer.writerow(columns)

@@ -97,7 +97,8 @@ def section(title: str, body: str, *, anchor: str | None = None, intro: str = ""
     """A titled ``<section>`` (id ``anchor``, default: a slug of the title) around ``body`` (HTML),
     with an optional introductory paragraph (text)."""
     intro_html = f'<p class="intro">{escape(intro)}</p>\n' if intro else ""
-    return Raw(f'<section id="{escape(anchor or _slug(title))}">\n<h2>{escape(title)}</h2>\n{intro_html}{body}\n</section>')
+    return Raw(f'<section id="{escape(anchor or _slug(title))}">\n<h2>{escape(title)}</h2>\n'
+               f'{intro_html}{body}\n</section>')
 
 
 def table(header: list[str], rows: list[list[object]], *, highlight_rows: Collection[int] = (),
@@ -205,7 +206,8 @@ def page(title: str, body_sections: list[str], *, subtitle: str = "") -> Raw:
     """A complete HTML5 document: title, subtitle (text), a table of contents of the
     :func:`section` blocks, then the blocks themselves (HTML)."""
     heads = [m.groups() for s in body_sections if (m := _SECTION_HEAD.match(s))]
-    toc = ('<nav class="toc">' + "".join(f'<a href="#{a}">{t}</a>' for a, t in heads) + "</nav>\n") if len(heads) > 1 else ""
+    toc = ('<nav class="toc">' + "".join(f'<a href="#{a}">{t}</a>'
+                                         for a, t in heads) + "</nav>\n") if len(heads) > 1 else ""
     sub = f'<p class="subtitle">{escape(subtitle)}</p>' if subtitle else ""
     body = "\n".join(body_sections)
     return Raw(f"""<!DOCTYPE html>

@@ -123,7 +123,8 @@ def read_run(run_dir: str | os.PathLike[str]) -> RunFolder:
         raise ValueError(f"{path / 'metrics.json'}: record {bad[0]} is not an object")
     steps_file = path / "steps.csv"
     return RunFolder(path, structured("config.yaml", dict) or {}, structured("run.json", dict),
-                     structured("report.json", dict), history, _read_steps(steps_file) if steps_file.is_file() else None)
+                     structured("report.json", dict), history,
+                     _read_steps(steps_file) if steps_file.is_file() else None)
 
 
 def metric_names(records: Sequence[Mapping[str, Any]]) -> list[str]:

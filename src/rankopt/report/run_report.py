@@ -111,7 +111,8 @@ def _training_section(run: RunFolder, figs: _Figures) -> str | None:
                                     "No lr/... column in steps.csv."))
     if run.evaluations:
         best = run.best_epoch()
-        figs.draw("metrics_per_eval.png", lambda p: plot_metric_history(run.evaluations, p, best_epoch=best, title_note=tn))
+        figs.draw("metrics_per_eval.png",
+                  lambda p: plot_metric_history(run.evaluations, p, best_epoch=best, title_note=tn))
         body.append(_figure_or_note(figs, "metrics_per_eval.png", "Metrics at each evaluation (epoch 0: untrained).",
                                     "The metrics could not be drawn."))
     else:
@@ -124,12 +125,14 @@ def _retrieval_section(run: RunFolder, figs: _Figures) -> str:
     coarsest = levels[-1] if len(levels) > 1 else "coarsest level"
     grid = "Top-k results of sampled queries with the final model. Frame colours: green = same finest class, " \
            "orange = shares only a coarser label level (darker: more levels shared), red = unrelated."
-    emb = ("t-SNE map of the gallery embeddings; left: coloured by the finest class, right: by the "
-           f"coarsest level ({coarsest}).") if len(levels) > 1 else "t-SNE map of the gallery embeddings, coloured by class."
+    emb = (("t-SNE map of the gallery embeddings; left: coloured by the finest class, right: by the "
+            f"coarsest level ({coarsest}).") if len(levels) > 1
+           else "t-SNE map of the gallery embeddings, coloured by class.")
     missing = "Not in figures/ (figures were off, or the run ended before them)."
     body = [_figure_or_note(figs, "retrieval_grid.png", grid, f"No retrieval grid. {missing}"),
             _figure_or_note(figs, "pr_curves.png", "Mean interpolated precision–recall curves, one per label level "
-                            "(positives: same label at that level or finer).", f"No precision–recall curves. {missing}"),
+                            "(positives: same label at that level or "
+                            "finer).", f"No precision–recall curves. {missing}"),
             _figure_or_note(figs, "embedding_map.png", emb, f"No embedding map. {missing}")]
     return section("Retrieval", "\n".join(body), anchor="retrieval")
 

@@ -95,7 +95,8 @@ def what_was_run(run: RunFolder) -> str:
     timing = key_values([
         ("machine", machine.get("platform")),
         ("device", machine.get("device")),
-        ("CPU cores / torch threads", f"{machine.get('cpu_count')} / {machine.get('torch_threads')}" if machine else None),
+        ("CPU cores / torch threads",
+         f"{machine.get('cpu_count')} / {machine.get('torch_threads')}" if machine else None),
         ("torch / python", f"{machine.get('torch')} / {machine.get('python')}" if machine else None),
         ("wall time", _fmt_seconds(report.get("wall_seconds"))),
         ("training time", _fmt_seconds(report.get("train_seconds"))),
@@ -169,7 +170,9 @@ def _category_table(record: Mapping[str, Any], names: Sequence[str]) -> Raw:
     header = ["category", "queries", "without a positive", *names]
     rows: list[list[object]] = [[str(category), values.get("num_queries"), values.get("num_queries_without_positive"),
                                  *[values.get(n) for n in names]] for category, values in record["by_category"].items()]
-    rows.append(["overall", record.get("num_queries"), record.get("num_queries_without_positive"), *[record.get(n) for n in names]])
-    return Raw("\n".join([table(header, rows, highlight_rows=[len(rows) - 1], caption="Per query category (last evaluation)"),
+    rows.append(["overall", record.get("num_queries"), record.get("num_queries_without_positive"),
+                 *[record.get(n) for n in names]])
+    return Raw("\n".join([table(header, rows, highlight_rows=[len(rows) - 1],
+                                caption="Per query category (last evaluation)"),
                       note("Each metric averaged over the queries of a category, every query retrieving from the whole "
                            "gallery (open-metric-learning's per-category metrics); the overall row is every query.")]))

@@ -94,4 +94,5 @@ def paired_difference(a: Sequence[float] | np.ndarray, b: Sequence[float] | np.n
         warnings.simplefilter("ignore")  # scipy warns on near-constant data and on zeros in small samples
         test = stats.ttest_rel(x, y)
         wilcoxon_p = float(stats.wilcoxon(d).pvalue) if np.any(d != 0) else math.nan
-    return PairedDifference(mean, sd, n, mean - half, mean + half, float(test.statistic), float(test.pvalue), wilcoxon_p)
+    return PairedDifference(mean, sd, n, mean - half, mean + half, float(test.statistic), float(test.pvalue),
+                            wilcoxon_p)

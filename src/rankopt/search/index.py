@@ -41,7 +41,7 @@ from rankopt.search.approximate import Faiss
 from rankopt.search.backend import Backend, Exact, exact_search
 from rankopt.search.embedder import Embedder, ImageSource, as_dataset, base_preprocessing, stored_post
 from rankopt.search.items import IndexItems, changed_files, crop_dataset, dataset_items
-from rankopt.search.labels import (default_level_names, dataset_label_names, label_texts, labels_of_paths,
+from rankopt.search.label_names import (default_level_names, dataset_label_names, label_texts, labels_of_paths,
                                    merge_labels)
 from rankopt.search.metadata import LABEL_KEY, Columns, Filter, MetadataSource, aligned_columns, filter_mask
 from rankopt.search.qdrant import Qdrant
@@ -92,7 +92,8 @@ class Index:
 
     # ------------------------------------------------------------------ construction
     @classmethod
-    def build(cls, model_or_checkpoint: nn.Module | Embedder | str | os.PathLike[str], images_or_dataset: ImageSource, *,
+    def build(cls, model_or_checkpoint: nn.Module | Embedder | str | os.PathLike[str], images_or_dataset: ImageSource,
+              *,
               transform: Any = None, preprocessing: Mapping[str, Any] | None = None, similarity: str = "cosine",
               postprocessing: PostProcessing | None = None, faiss: str | None = None,
               faiss_params: str | None = None, metadata: MetadataSource | None = None, batch_size: int = 256,
@@ -114,7 +115,8 @@ class Index:
         if isinstance(model_or_checkpoint, Embedder):
             embedder = model_or_checkpoint
         elif isinstance(model_or_checkpoint, nn.Module):
-            embedder = Embedder.from_model(model_or_checkpoint, transform=transform, preprocessing=preprocessing, **options)
+            embedder = Embedder.from_model(model_or_checkpoint, transform=transform, preprocessing=preprocessing,
+                                           **options)
         else:
             if transform is not None or preprocessing is not None:
                 raise ValueError("transform/preprocessing come from the checkpoint's config; pass an nn.Module "
@@ -232,7 +234,8 @@ class Index:
         labels = [None if v < 0 else self.label_names[c][v] if self.label_names is not None else v
                   for c, v in enumerate(self.labels[row].tolist())]
         return {"id": self.ids[row], "path": None if self.paths is None else self.paths[row], "label": labels[0],
-                "labels": dict(zip(self.level_names, labels)), "metadata": {c: v[row] for c, v in self.metadata.items()}}
+                "labels": dict(zip(self.level_names, labels)), "metadata": {c: v[row]
+                                                                            for c, v in self.metadata.items()}}
 
     # ------------------------------------------------------------------ search
     def search(self, queries: Embeddings | ImageSource, k: int = 10, *, filter: Filter | None = None,
@@ -339,7 +342,7 @@ class Index:
         return embedder
 
     def labels_of_paths(self, paths: Sequence[str]) -> torch.Tensor:
-        """``(Q, L)`` labels of query images by their folders (:func:`rankopt.search.labels.labels_of_paths`)."""
+        """``(Q, L)`` labels of query images by their folders (:func:`rankopt.search.label_names.labels_of_paths`)."""
         return labels_of_paths(paths, self.labels, self.label_names)
 
     # ------------------------------------------------------------------ changes
@@ -354,7 +357,8 @@ class Index:
         self._require_independent("items cannot be added")
         if isinstance(images_or_embeddings, (torch.Tensor, np.ndarray)):
             if fingerprint is not None and fingerprint != self.fingerprint:
-                raise ValueError(f"the added embeddings' fingerprint {fingerprint} is not the index's {self.fingerprint}")
+                raise ValueError(f"the added embeddings' fingerprint {fingerprint} is not the index's "
+                                 f"{self.fingerprint}")
             x = _embeddings(images_or_embeddings, "added embeddings")
             y, names, new_paths = _labels(labels, x.shape[0]), None, _paths(paths, x.shape[0])
             columns, _ = aligned_columns(metadata, new_paths, x.shape[0], "added metadata")
@@ -400,7 +404,8 @@ class Index:
         result = {"changed": [self.ids[r] for r in changed], "removed": [self.ids[r] for r in vanished],
                   "checked": checked}
         if changed:
-            x = self.embedder_for(model, checkpoint).embed(crop_dataset(self.items, changed), desc="re-embedding").embeddings
+            x = self.embedder_for(model, checkpoint).embed(crop_dataset(self.items, changed),
+                                                           desc="re-embedding").embeddings
             self.embeddings = self.embeddings.clone()
             self.embeddings[torch.tensor(changed)] = _embeddings(x, "re-embedded items")
         if vanished or changed:

@@ -51,7 +51,8 @@ class IndexItems:
 
     def __post_init__(self) -> None:
         rows = len(self.ids)
-        sizes = {"paths": self.paths, "stamps": self.stamps, **{f"metadata column {c!r}": v for c, v in self.metadata.items()}}
+        sizes = {"paths": self.paths, "stamps": self.stamps,
+                 **{f"metadata column {c!r}": v for c, v in self.metadata.items()}}
         for what, values in sizes.items():
             if values is not None and len(values) != rows:
                 raise ValueError(f"{len(values)} {what} for {rows} item ids")
@@ -96,7 +97,8 @@ class IndexItems:
             if len(new) != rows:
                 raise ValueError(f"{len(new)} ids for {rows} items")
             if any(not i.strip() for i in new):
-                raise ValueError(f"item ids must be non-empty strings; item {next(j for j, i in enumerate(new) if not i.strip())} has none")
+                raise ValueError("item ids must be non-empty strings; item "
+                                 f"{next(j for j, i in enumerate(new) if not i.strip())} has none")
             _check_unique(new, "the new item ids")
             taken = [i for i in new if i in used]
             if taken:

@@ -102,7 +102,8 @@ def aligned_columns(source: MetadataSource | None, paths: Sequence[str] | None, 
     return columns, []
 
 
-def by_path(table: Mapping[str, Mapping[str, Any]], paths: Sequence[str] | None, where: str) -> tuple[Columns, list[str]]:
+def by_path(table: Mapping[str, Mapping[str, Any]], paths: Sequence[str] | None,
+            where: str) -> tuple[Columns, list[str]]:
     """Columns of the items at ``paths`` from ``table`` keyed by resolved path (``None`` where it has no row)."""
     if paths is None:
         raise ValueError(f"{where}: a table keyed by path needs items with paths")
@@ -126,7 +127,8 @@ def read_table(file: str | os.PathLike[str]) -> dict[str, dict[str, Value]]:
         with open(path, newline="", encoding="utf-8-sig") as fh:
             reader = csv.DictReader(fh)
             header = [h.strip() for h in reader.fieldnames or ()]
-            records = [{k.strip(): v.strip() or None for k, v in row.items() if k and isinstance(v, str)} for row in reader]
+            records = [{k.strip(): v.strip() or None for k, v in row.items() if k and isinstance(v, str)}
+                       for row in reader]
     else:
         raise ValueError(f"metadata file {str(path)!r}: expected a .csv or .parquet file")
     if "path" not in header:

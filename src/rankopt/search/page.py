@@ -40,7 +40,8 @@ _IMAGE = ("display:block;width:136px;height:136px;object-fit:contain;background:
 _MISSING = ("display:flex;align-items:center;justify-content:center;width:136px;height:136px;margin:0 auto 3px;"
             "border:5px solid {};border-radius:6px;background:#f6f8fa;color:#59636e")
 _NAME = "color:#59636e;overflow-wrap:anywhere"
-_SWATCH = "display:inline-block;width:14px;height:14px;border-radius:3px;vertical-align:-2px;margin:0 6px 0 14px;background:{}"
+_SWATCH = ("display:inline-block;width:14px;height:14px;border-radius:3px;vertical-align:-2px;margin:0 6px 0 "
+           "14px;background:{}")
 
 
 def thumbnails_folder(html_path: Path) -> Path:
@@ -67,9 +68,11 @@ def _write_png(path: Path, source: str) -> bool:
 
 
 def _cell(src: str | None, colour: str, lines: Sequence[str], title: str) -> str:
-    image = (f'<img src="{escape(src)}" alt="{escape(lines[-1])}" title="{escape(title)}" style="{_IMAGE.format(colour)}">'
+    image = (f'<img src="{escape(src)}" alt="{escape(lines[-1])}" title="{escape(title)}" '
+             f'style="{_IMAGE.format(colour)}">'
              if src is not None else f'<div style="{_MISSING.format(colour)}">image unreadable</div>')
-    text = f"<div>{escape(lines[0])}</div>" + "".join(f'<div style="{_NAME}">{escape(line)}</div>' for line in lines[1:])
+    text = f"<div>{escape(lines[0])}</div>" + "".join('<div '
+                                                      f'style="{_NAME}">{escape(line)}</div>' for line in lines[1:])
     return f'<div style="{_CELL}">{image}{text}</div>'
 
 

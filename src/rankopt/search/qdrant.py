@@ -42,7 +42,7 @@ import torch
 from rankopt.files import write_text_atomic
 from rankopt.search.backend import Backend, Gallery, Hits
 from rankopt.search.extras import import_qdrant
-from rankopt.search.labels import label_texts
+from rankopt.search.label_names import label_texts
 from rankopt.search.metadata import LABEL_KEY, Filter, conditions, text
 
 NAMESPACE = uuid.UUID("6f0d8a52-3c1e-4f7b-9a7e-2b1d5c9e8f10")
@@ -190,7 +190,8 @@ def sync(index: Gallery, folder: str | os.PathLike[str]) -> dict[str, int]:
         if not client.collection_exists(name):
             client.create_collection(name, vectors_config=models.VectorParams(size=index.dim, distance=distance))
         stale = [p for p in current if p not in wanted]
-        changed = [(pid, row, payload) for pid, (row, payload) in wanted.items() if current.get(pid) != payload["digest"]]
+        changed = [(pid, row, payload) for pid, (row, payload) in wanted.items()
+                   if current.get(pid) != payload["digest"]]
         vectors = index.embeddings.detach().float().cpu().numpy()
         for start in range(0, len(stale), BATCH):
             client.delete(name, points_selector=models.PointIdsList(points=stale[start : start + BATCH]))
@@ -239,7 +240,8 @@ def search(index: Gallery, queries: torch.Tensor, k: int, filter: Filter | None 
     if synced_version(index.folder) != version:  # a save began during the query
         return None
     rows_of = {item: row for row, item in enumerate(index.ids)}
-    rows = torch.tensor([[rows_of[p.payload["id"]] for p in response.points] for response in responses], dtype=torch.long)
+    rows = torch.tensor([[rows_of[p.payload["id"]] for p in response.points] for response in responses],
+                        dtype=torch.long)
     scores = torch.tensor([[p.score for p in response.points] for response in responses], dtype=torch.float32)
     return (-scores if index.similarity == "neg_l2" else scores), rows
 

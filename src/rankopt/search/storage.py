@@ -49,7 +49,7 @@ import torch
 from rankopt import __version__
 from rankopt.postprocess import WHITENING_KEY, Whitening, load_whitening, save_whitening
 from rankopt.search import approximate
-from rankopt.search.labels import default_level_names
+from rankopt.search.label_names import default_level_names
 from rankopt.search.record import IndexInfo
 
 FORMAT = "rankopt-index"
@@ -308,7 +308,8 @@ def _read_version(folder: Path, info: dict[str, Any]) -> StoredIndex:
     if info.get("faiss"):
         path = data / FAISS_INDEX
         if not path.is_file():
-            raise FileNotFoundError(f"{path} is missing ({INDEX_JSON} says the index uses faiss {info['faiss']['spec']!r})")
+            raise FileNotFoundError(f"{path} is missing ({INDEX_JSON} says the index uses faiss "
+                                    f"{info['faiss']['spec']!r})")
         faiss_index = approximate.read(path)
         if faiss_index.ntotal != count or faiss_index.d != dim:
             raise ValueError(f"{path} holds {faiss_index.ntotal} vectors of dimension {faiss_index.d}, "
@@ -356,7 +357,8 @@ def _read_json(path: Path) -> dict[str, Any]:
     except (json.JSONDecodeError, UnicodeDecodeError) as err:
         raise ValueError(f"{path} is not valid JSON: {err}") from None
     if not isinstance(value, Mapping):
-        raise ValueError(f"{path} holds a JSON {type(value).__name__}, expected an object")  # noqa: TRY004 - bad file content
+        raise ValueError(f"{path} holds a JSON {type(value).__name__}, expected an "  # noqa: TRY004 - bad file content
+                         "object")
     return dict(value)
 
 

@@ -61,7 +61,8 @@ def calibrate(embeddings: torch.Tensor, labels: torch.Tensor | np.ndarray, fmr: 
     points = {p.target: p for p in operating_points(scores, genuine, targets)}
     top = float(scores.max())
     chosen = points[fmr]
-    value = chosen.threshold if math.isfinite(chosen.threshold) else float(np.nextafter(np.float32(top), np.float32(np.inf)))
+    value = (chosen.threshold if math.isfinite(chosen.threshold)
+             else float(np.nextafter(np.float32(top), np.float32(np.inf))))
     threshold = {"value": value, "fmr": fmr, "achieved_fmr": chosen.far, "fnmr": 1.0 - chosen.tar,
                  "genuine_pairs": matching, "impostor_pairs": impostors, "similarity": similarity,
                  "created_utc": f"{datetime.now(timezone.utc):%Y-%m-%d %H:%M:%S UTC}", **(source or {})}

@@ -12,7 +12,7 @@ from rankopt.viz.curves import PRCurve, plot_pr_curves, plot_training_curves, pr
 from rankopt.viz.embedding_map import embed_2d, plot_embedding_map
 from rankopt.viz.figures import write_figures
 from rankopt.viz.retrieval_grid import Neighbours, RetrievalGrid, plot_retrieval_grid, retrieval_neighbours
-from rankopt.viz.verification import plot_fnmr_fmr
+from rankopt.viz.verification_curve import plot_fnmr_fmr
 from rankopt.viz.training import (
     Surrogate,
     plot_ap_per_level,

@@ -67,7 +67,8 @@ def retrieval_inputs(
     same_set = ref_embeddings is None
     if same_set and ref_labels is not None:
         raise ValueError("ref_labels given without ref_embeddings")
-    q = checks.check_embeddings(as_tensor(query_embeddings, "query_embeddings"), "query_embeddings", min_rows=2 if same_set else 1)
+    q = checks.check_embeddings(as_tensor(query_embeddings, "query_embeddings"), "query_embeddings",
+                                min_rows=2 if same_set else 1)
     ql = checks.check_labels(as_tensor(query_labels, "query_labels"), q.shape[0], "query_labels")
     if same_set:
         r, rl = q, ql

@@ -100,7 +100,8 @@ def plot_learning_curves_by_group(
         for group, curve in drawn.items():
             ax.plot(curve.x, curve.mean, marker="o", markersize=4, color=colours[group], linestyle=styles[group],
                     label=f"{group} ({curve.runs})")
-            ax.fill_between(curve.x, curve.mean - curve.std, curve.mean + curve.std, color=colours[group], alpha=0.18, linewidth=0)
+            ax.fill_between(curve.x, curve.mean - curve.std, curve.mean + curve.std, color=colours[group], alpha=0.18,
+                            linewidth=0)
         ax.set(xlabel="epoch", ylabel=key)
         note_few_points(ax, min(c.x.size for c in drawn.values()))
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
@@ -133,7 +134,8 @@ def _shared_suffix(labels: Sequence[str]) -> str:
     """The parenthesised ending every one of two or more labels shares (``" (seed 0)"``), else ``""``."""
     cut = labels[0].rfind(" (")
     suffix = labels[0][cut:] if cut > 0 and labels[0].endswith(")") else ""
-    if len(labels) < 2 or not suffix or not all(label.endswith(suffix) and len(label) > len(suffix) for label in labels):
+    if len(labels) < 2 or not suffix or not all(label.endswith(suffix) and len(label) > len(suffix)
+                                                for label in labels):
         return ""
     return suffix
 
@@ -195,7 +197,8 @@ def rows_layout(num_groups: int, k: int, num_queries: int) -> RowsLayout:
     label = GROUP_LABEL_INCHES if as_rows else RANK_LABEL_INCHES
     header = 0.25 if as_rows else 0.45  # "#r" labels, or group names on up to 3 lines
     fixed_height = TOP_INCHES + num_queries * header + (num_queries - 1) * _BLOCK_GAP_INCHES + 0.1
-    fit = min((FIGURE_INCHES[0] - QUERY_INCHES - label) / columns, (FIGURE_INCHES[1] - fixed_height) / (num_queries * rows))
+    fit = min((FIGURE_INCHES[0] - QUERY_INCHES - label) / columns,
+              (FIGURE_INCHES[1] - fixed_height) / (num_queries * rows))
     cell = float(min(CELL_INCHES, max(MIN_CELL_INCHES, fit)))
     return RowsLayout(as_rows, rows, columns, cell, label, header, wrap=max(6, int(cell * 16)))
 
@@ -249,13 +252,16 @@ def plot_retrieval_rows(
     for q in range(num_queries):
         top = TOP_INCHES + q * (lay.block + _BLOCK_GAP_INCHES)
         _draw_image(axes(0.05, top + QUERY_TITLE_INCHES, QUERY_INCHES - 0.15, lay.block - QUERY_TITLE_INCHES),
-                    query_paths[q], _QUERY_FRAME, "\n".join(["query", *(_clip(line, 30) for line in titles[q].splitlines())]),
+                    query_paths[q], _QUERY_FRAME,
+                    "\n".join(["query", *(_clip(line, 30) for line in titles[q].splitlines())]),
                     cache, 4.0)
         for c, name in enumerate(column_names):
-            text(left + (c + 0.5) * lay.cell, top + lay.header - 0.04, name if lay.groups_as_rows else _wrap(name, lay.wrap, 3),
+            text(left + (c + 0.5) * lay.cell, top + lay.header - 0.04,
+                 name if lay.groups_as_rows else _wrap(name, lay.wrap, 3),
                  ha="center", va="bottom", fontsize=8 if lay.groups_as_rows else 7, fontweight="bold")
         for r, name in enumerate(row_names):
-            text(left - 0.08, top + lay.header + (r + 0.5) * lay.cell, _wrap(name, 18, 4) if lay.groups_as_rows else name,
+            text(left - 0.08, top + lay.header + (r + 0.5) * lay.cell,
+                 _wrap(name, 18, 4) if lay.groups_as_rows else name,
                  ha="right", va="center", fontsize=8, fontweight="bold")
         for g, group in enumerate(groups):
             for c in range(k):
@@ -266,6 +272,7 @@ def plot_retrieval_rows(
                             f"s={float(group.scores[q, c]):.2f}" if scores else "", cache, frame)
     fig.legend(handles=relevance_legend(num_levels, level_names), loc="upper left",
                bbox_to_anchor=(0.0, 1 - 0.3 / height), ncol=num_levels + 1, fontsize=7, frameon=False)
-    fig.suptitle(titled(f"Top-{k} results of each group{shared} for the same {num_queries} queries", title_note, max_chars=None),
+    fig.suptitle(titled(f"Top-{k} results of each group{shared} for the same {num_queries} queries", title_note,
+                        max_chars=None),
                  x=0.01, y=1 - 0.05 / height, ha="left", va="top", fontsize=9)
     return save_figure(fig, out_path)

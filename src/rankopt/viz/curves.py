@@ -36,7 +36,8 @@ class PRCurve:
         return float(self.precision.mean())
 
 
-def _interpolated_precision(sorted_scores: torch.Tensor, positive: torch.Tensor, grid: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def _interpolated_precision(sorted_scores: torch.Tensor, positive: torch.Tensor,
+                            grid: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Per query: ``p_interp(r) = max {P(t) : R(t) >= r}`` over score thresholds ``t``.
 
     ``sorted_scores`` is ``(q, R)`` decreasing, ``positive`` the matching relevance mask.
@@ -146,7 +147,8 @@ def _group(key: str) -> str | None:
     return "loss" if "loss" in k else "learning rate" if k.startswith("lr") else "metrics"
 
 
-def plot_training_curves(history: Sequence[Mapping[str, object]], out_path: str | Path, *, title_note: str | None = None) -> Path:
+def plot_training_curves(history: Sequence[Mapping[str, object]], out_path: str | Path, *,
+                         title_note: str | None = None) -> Path:
     """One line per numeric key of ``history`` (``[{"epoch": 1, "loss": ..., "recall@1": ...}, ...]``),
     one panel per group: losses, learning rates (``lr*``), metrics. Bookkeeping keys
     (``epoch``, ``step``, ``num_*``, times) are not plotted; missing or NaN values leave gaps. Markers

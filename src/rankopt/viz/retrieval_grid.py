@@ -133,7 +133,8 @@ def plot_retrieval_grid(
 
     fig = new_figure(CELL_INCHES * (k + 1), CELL_INCHES * rows + HEADER_INCHES)
     axes = fig.subplots(rows, k + 1, squeeze=False)
-    fig.subplots_adjust(left=0.01, right=0.99, bottom=0.01, top=1 - HEADER_INCHES / fig.get_figheight(), wspace=0.08, hspace=0.3)
+    fig.subplots_adjust(left=0.01, right=0.99, bottom=0.01, top=1 - HEADER_INCHES / fig.get_figheight(), wspace=0.08,
+                        hspace=0.3)
     grey = (0.5, 0.5, 0.5, 1.0)
     for r in range(rows):
         q = int(nb.query_indices[r])
@@ -147,7 +148,9 @@ def plot_retrieval_grid(
                       f"#{c + 1}  s={float(nb.scores[r, c]):.2f}", text=text)
     handles = relevance_legend(num_levels, level_names)
     legend_top = 1 - 0.3 / fig.get_figheight()
-    fig.legend(handles=handles, loc="upper left", bbox_to_anchor=(0.0, legend_top), ncol=len(handles), fontsize=7, frameon=False)
+    fig.legend(handles=handles, loc="upper left", bbox_to_anchor=(0.0, legend_top), ncol=len(handles), fontsize=7,
+               frameon=False)
     gallery = "query set, self excluded" if data.same_set else f"gallery of {data.ref.shape[0]}"
-    fig.suptitle(titled(f"Top-{k} retrieval ({gallery}, {data.similarity})", title_note, max_chars=None), x=0.01, y=0.995, ha="left", va="top", fontsize=9)
+    fig.suptitle(titled(f"Top-{k} retrieval ({gallery}, {data.similarity})", title_note, max_chars=None), x=0.01,
+                 y=0.995, ha="left", va="top", fontsize=9)
     return RetrievalGrid(save_figure(fig, out_path), nb)

@@ -207,7 +207,8 @@ def _draw_steps(ax: Axes, surrogates: Sequence[Surrogate], lo: float, hi: float,
 
 def plot_surrogates(surrogates: Sequence[Surrogate], out_path: str | Path, *, d_range: tuple[float, float],
                     band: tuple[float, float] | None = None, median: float | None = None, zoom: float | None = None,
-                    y_max: float = 1.1, title: str = "Step function and surrogate", title_note: str | None = None) -> Path:
+                    y_max: float = 1.1, title: str = "Step function and surrogate",
+                    title_note: str | None = None) -> Path:
     """The Heaviside step ``H(d)`` and ``surrogates`` over ``d_range`` (the differences met in
     training: ``band`` shaded, ``median`` marked), plus a panel over ``[-zoom, zoom]`` when given.
     Values above ``y_max`` are clipped (said in the panel)."""

@@ -35,7 +35,7 @@ from rankopt.models.backbones.resnet import RESNET_LAYOUTS, resnet
 from rankopt.models.backbones.senet import SENET_LAYOUTS, senet
 from rankopt.models.backbones.timm_backbone import TimmBackbone
 from rankopt.models.backbones.vit import VIT_LAYOUTS, vit
-from rankopt.registry import Registry
+from rankopt.registries import Registry
 
 TIMM_PREFIX = "timm:"
 
@@ -70,7 +70,8 @@ for _name, _spec in MOBILENET_LAYOUTS.items():
 BACKBONES.register("mobilefacenet")(BuiltinBackbone(mobilefacenet))
 
 
-def build_backbone(name: str, pretrained: bool = False, pretrained_path: str | Path | None = None, **kwargs: Any) -> nn.Module:
+def build_backbone(name: str, pretrained: bool = False, pretrained_path: str | Path | None = None,
+                   **kwargs: Any) -> nn.Module:
     """Build a registered backbone or ``timm:<name>``; load weights when ``pretrained``.
 
     Weights come from ``pretrained_path`` when given (the model's own key names, or a

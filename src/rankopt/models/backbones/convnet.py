@@ -25,7 +25,8 @@ class ConvNet(nn.Module):
     def __init__(self, stem_width: int, widths: Sequence[int], depths: Sequence[int], in_chans: int = 3) -> None:
         super().__init__()
         if len(widths) != len(depths) or not widths or min(depths) < 1:
-            raise ValueError(f"widths {list(widths)} and depths {list(depths)} must be non-empty, equally long, depths >= 1")
+            raise ValueError(f"widths {list(widths)} and depths {list(depths)} must be non-empty, equally long, depths "
+                             ">= 1")
         layers = _conv_bn_relu(in_chans, stem_width, 4, 4)
         cin = stem_width
         for width, depth in zip(widths, depths):

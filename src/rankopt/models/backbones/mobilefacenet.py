@@ -42,7 +42,7 @@ class ConvBlock(nn.Module):
         return x if self.prelu is None else self.prelu(x)
 
 
-class Bottleneck(nn.Module):
+class PReLUInvertedResidual(nn.Module):
     """Inverted residual with PReLU: 1x1 expand, depthwise 3x3 (stride), 1x1 linear projection (+ x)."""
 
     def __init__(self, cin: int, cout: int, stride: int, expansion: int) -> None:
@@ -69,7 +69,7 @@ class MobileFaceNet(nn.Module):
         blocks, cin = [], 64
         for expansion, cout, repeats, stride in MOBILEFACENET_STAGES:
             for index in range(repeats):
-                blocks.append(Bottleneck(cin, cout, stride if index == 0 else 1, expansion))
+                blocks.append(PReLUInvertedResidual(cin, cout, stride if index == 0 else 1, expansion))
                 cin = cout
         self.blocks = nn.Sequential(*blocks)
         self.conv2 = ConvBlock(cin, 512, 1)

@@ -100,7 +100,8 @@ def convert_layout(
 
 
 def adapt_state_dict(state: dict[str, Tensor], model: nn.Module) -> dict[str, Tensor]:
-    """Drop classifier keys the model lacks; ViTs lose the distillation token and get ``pos_embed`` fit to their grid."""
+    """Drop classifier keys the model lacks; ViTs lose the distillation token and get ``pos_embed`` fit to their
+    grid."""
     own = model.state_dict().keys()
     state = {k: v for k, v in state.items() if k in own or not k.startswith(_CLASSIFIER_PREFIXES)}
     if isinstance(model, VisionTransformer) and "pos_embed" in state:
@@ -118,7 +119,8 @@ def load_pretrained(
     pretrained_path: str | Path | None,
     layouts: Sequence[ReleaseLayout] = (),
 ) -> None:
-    """Load weights into ``model`` from ``pretrained_path`` (its own names or one of ``layouts``) or timm's ``timm_name``."""
+    """Load weights into ``model`` from ``pretrained_path`` (its own names or one of ``layouts``) or timm's
+    ``timm_name``."""
     if pretrained_path is not None:
         state = read_state_dict(pretrained_path)
         source = str(pretrained_path)

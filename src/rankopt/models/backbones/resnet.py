@@ -80,7 +80,8 @@ class ResNet(nn.Module):
             if isinstance(m, nn.Conv2d):
                 nn.init.kaiming_normal_(m.weight, mode="fan_out", nonlinearity="relu")
 
-    def _make_layer(self, block: type[BasicBlock] | type[Bottleneck], width: int, depth: int, stride: int) -> nn.Sequential:
+    def _make_layer(self, block: type[BasicBlock] | type[Bottleneck], width: int, depth: int,
+                    stride: int) -> nn.Sequential:
         downsample = None
         cout = width * block.expansion
         if stride != 1 or self._cin != cout:

@@ -13,7 +13,8 @@ from rankopt.models.backbones.pretrained import import_timm
 class TimmBackbone(nn.Module):
     """``timm.create_model(name, num_classes=0)``; outputs its feature map (CNNs) or pre-logits token (ViTs)."""
 
-    def __init__(self, name: str, pretrained: bool = False, pretrained_path: str | Path | None = None, **kwargs: Any) -> None:
+    def __init__(self, name: str, pretrained: bool = False, pretrained_path: str | Path | None = None,
+                 **kwargs: Any) -> None:
         super().__init__()
         timm = import_timm(f"backbone 'timm:{name}'")
         if pretrained_path is not None:

@@ -19,7 +19,8 @@ def plot_fnmr_fmr(fmr: np.ndarray, fnmr: np.ndarray, out_path: str | Path, *, ta
     (genuine, impostor) pair counts."""
     fmr, fnmr = np.asarray(fmr, dtype=float), np.asarray(fnmr, dtype=float)
     if fmr.shape != fnmr.shape or fmr.ndim != 1 or not (fmr > 0).any():
-        raise ValueError(f"fmr and fnmr must be two (P,) arrays with a positive FMR, got shapes {fmr.shape}, {fnmr.shape}")
+        raise ValueError(f"fmr and fnmr must be two (P,) arrays with a positive FMR, got shapes {fmr.shape}, "
+                         f"{fnmr.shape}")
     shown = fmr > 0
     fig = new_figure(*VERIFICATION_INCHES)
     ax = fig.add_subplot()

@@ -83,7 +83,8 @@ class _CachedRowGrad(torch.autograd.Function):
     """Output ``values``; backward ``grad_out[:, None] * row_grads`` (row-local terms only)."""
 
     @staticmethod
-    def forward(ctx, scores: torch.Tensor, values: torch.Tensor, row_grads: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
+    def forward(ctx, scores: torch.Tensor, values: torch.Tensor,  # type: ignore[override]
+                row_grads: torch.Tensor) -> torch.Tensor:
         ctx.save_for_backward(row_grads)
         return values.clone()
 
@@ -140,11 +141,13 @@ def rowwise(
 
 
 class _RecomputedRowGrad(torch.autograd.Function):
-    """Output ``fn(scores[c], ..., gradient=False)`` chunk by chunk; backward ``grad_out[c, None] * fn(..., gradient=True)``
-    recomputed chunk by chunk into the one ``(B, M)`` gradient (nothing ``(B, M)`` kept between the passes)."""
+    """Output ``fn(scores[c], ..., gradient=False)`` chunk by chunk; backward
+    ``grad_out[c, None] * fn(..., gradient=True)`` recomputed chunk by chunk into the one ``(B, M)`` gradient (nothing
+    ``(B, M)`` kept between the passes)."""
 
     @staticmethod
-    def forward(ctx, scores: torch.Tensor, fn: Callable[..., torch.Tensor], rows: int, *row_args: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
+    def forward(ctx, scores: torch.Tensor, fn: Callable[..., torch.Tensor], rows: int,  # type: ignore[override]
+                *row_args: torch.Tensor) -> torch.Tensor:
         ctx.save_for_backward(scores, *row_args)
         ctx.fn, ctx.rows = fn, rows
         chunks = [slice(first, first + rows) for first in range(0, scores.shape[0], rows)]
@@ -157,11 +160,13 @@ class _RecomputedRowGrad(torch.autograd.Function):
         grad = torch.empty_like(scores)
         for first in range(0, scores.shape[0], ctx.rows):
             c = slice(first, first + ctx.rows)
-            torch.mul(grad_out[c].unsqueeze(1), ctx.fn(scores[c], *[a[c] for a in row_args], gradient=True), out=grad[c])
+            torch.mul(grad_out[c].unsqueeze(1), ctx.fn(scores[c], *[a[c] for a in row_args], gradient=True),
+                      out=grad[c])
         return (grad, None, None, *[None] * len(row_args))
 
 
-def rowwise_with_gradient(fn: Callable[..., torch.Tensor], scores: torch.Tensor, *row_args: torch.Tensor, rows: int) -> torch.Tensor:
+def rowwise_with_gradient(fn: Callable[..., torch.Tensor], scores: torch.Tensor, *row_args: torch.Tensor,
+                          rows: int) -> torch.Tensor:
     """:func:`rowwise` for a term that writes its own gradient: ``fn(scores[c], *[a[c] for a in row_args],
     gradient=False) -> (C,)`` values and ``fn(..., gradient=True) -> (C, M)`` the derivative of row ``i``'s value
     w.r.t. row ``i`` of the scores, over chunks of ``rows`` queries. The values are computed in the forward,
@@ -237,7 +242,8 @@ class RankLoss(nn.Module):
             checks.check_embeddings(ref_embeddings, "ref_embeddings")
             ref_labels = checks.check_labels(ref_labels, ref_embeddings.shape[0], "ref_labels")
             if ref_embeddings.shape[1] != embeddings.shape[1]:
-                raise ValueError(f"ref_embeddings have dimension {ref_embeddings.shape[1]} but embeddings have {embeddings.shape[1]}")
+                raise ValueError(f"ref_embeddings have dimension {ref_embeddings.shape[1]} but embeddings have "
+                                 f"{embeddings.shape[1]}")
             if ref_labels.shape[1] != labels.shape[1]:
                 raise ValueError(f"ref_labels have {ref_labels.shape[1]} levels but labels have {labels.shape[1]}")
             ref_labels = ref_labels.to(labels.device)
@@ -285,7 +291,8 @@ class RankLoss(nn.Module):
         def terms(scores: torch.Tensor, levels: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
             return self.query_terms(scores, levels, valid, batch.num_levels)
 
-        per_query = self.rowwise(terms, batch.scores, batch.levels, batch.valid, elements_per_row=self.elements_per_row(batch))
+        per_query = self.rowwise(terms, batch.scores, batch.levels, batch.valid,
+                                 elements_per_row=self.elements_per_row(batch))
         return self.average_over_queries(per_query, batch.num_positives > 0)
 
     def elements_per_row(self, batch: RetrievalSet) -> int:
@@ -293,11 +300,13 @@ class RankLoss(nn.Module):
         :meth:`compute`): ``max_i |P_i| * M`` by default."""
         return max(1, int(batch.num_positives.max())) * batch.scores.shape[1]
 
-    def query_terms(self, scores: torch.Tensor, levels: torch.Tensor, valid: torch.Tensor, num_levels: int) -> torch.Tensor:
+    def query_terms(self, scores: torch.Tensor, levels: torch.Tensor, valid: torch.Tensor,
+                    num_levels: int) -> torch.Tensor:
         """Per-query loss ``(C,)`` of a chunk of full rows (``scores``, ``levels``, ``valid``: ``(C, M)``)."""
         raise NotImplementedError(f"{type(self).__name__} must implement compute() or query_terms()")
 
-    def rowwise(self, fn: Callable[..., torch.Tensor], scores: torch.Tensor, *row_args: torch.Tensor, elements_per_row: int) -> torch.Tensor:
+    def rowwise(self, fn: Callable[..., torch.Tensor], scores: torch.Tensor, *row_args: torch.Tensor,
+                elements_per_row: int) -> torch.Tensor:
         """:func:`rowwise` under this loss's ``max_elements`` budget."""
         return rowwise(fn, scores, *row_args, elements_per_row=elements_per_row, max_elements=self.max_elements)
 
@@ -313,7 +322,8 @@ class RankLoss(nn.Module):
         """Whether :meth:`compute` may run on ``owner``'s :class:`RetrievalSet` of the same inputs (a combination
         builds it once for all its terms): same similarity, self-inclusion and label columns, and a reference
         set (``with_reference``) only if this loss accepts one."""
-        same = (self.similarity, self.include_self, self.hierarchical) == (owner.similarity, owner.include_self, owner.hierarchical)
+        same = (self.similarity, self.include_self, self.hierarchical) == (owner.similarity, owner.include_self,
+                                                                           owner.hierarchical)
         return same and (self.accepts_reference or not with_reference)
 
     def extra_repr(self) -> str:

@@ -82,7 +82,8 @@ def load_revisited(root: Path, split: str, city: str) -> Items:
         if bbx is not None:
             boxes[len(rows)] = tuple(float(v) for v in bbx)
         rows.append((str(root / "jpg" / f"{name}.jpg"), (_keyword(name),), "query", f"{gnd_path}:qimlist[{i}]"))
-    rows += [(str(root / "jpg" / f"{n}.jpg"), (_keyword(n),), "gallery", f"{gnd_path}:imlist[{i}]") for i, n in enumerate(gnd["imlist"])]
+    rows += [(str(root / "jpg" / f"{n}.jpg"), (_keyword(n),), "gallery", f"{gnd_path}:imlist[{i}]")
+             for i, n in enumerate(gnd["imlist"])]
     truth = [{k: np.asarray(v).tolist() for k, v in g.items()} for g in gnd["gnd"]]
     extra = {"query": {"ground_truth": truth, "protocol": "revisitop"}, "gallery": {"names": list(gnd["imlist"])}}
     return Items.from_rows(rows, ("landmark_keyword",), boxes=boxes, extra=extra)
@@ -121,12 +122,15 @@ def load_gldv2(root: Path, split: str, hierarchy: bool = False) -> Items:
         listing = _first_existing(root / "train_clean.csv", root / "train" / "train_clean.csv")
         folder = _first_existing(root / "images" / "train", root / "train")
         for line, row in _csv_rows(listing, ("landmark_id", "images")):
-            rows += [(_gld_path(folder, i), (row["landmark_id"],), split, f"{listing}:{line}") for i in row["images"].split()]
+            rows += [(_gld_path(folder, i), (row["landmark_id"],), split, f"{listing}:{line}")
+                     for i in row["images"].split()]
         cluster_file = root / "train_label_to_subcategory_with_clusters.csv"
     else:
         index_file = root / "index_image_to_landmark.csv"
-        landmark_of = {row["id"]: (line, row["landmark_id"]) for line, row in _csv_rows(index_file, ("id", "landmark_id"))}
-        rows += [(_gld_path(root / "index", i), (lm,), "gallery", f"{index_file}:{line}") for i, (line, lm) in landmark_of.items()]
+        landmark_of = {row["id"]: (line,
+                                   row["landmark_id"]) for line, row in _csv_rows(index_file, ("id", "landmark_id"))}
+        rows += [(_gld_path(root / "index", i), (lm,), "gallery",
+                  f"{index_file}:{line}") for i, (line, lm) in landmark_of.items()]
         solution = root / "retrieval_solution_v2.1.csv"
         for line, row in _csv_rows(solution, ("id", "images")):
             if row["images"].strip() in ("", "None"):
@@ -174,11 +178,13 @@ def load_sfm120k(root: Path, split: str) -> Items:
     return Items.from_rows(rows, ("cluster",))
 
 
-for _name, _city, _title, _gallery in (("revisited_oxford", "roxford5k", "Oxford", 4993), ("revisited_paris", "rparis6k", "Paris", 6322)):
+for _name, _city, _title, _gallery in (("revisited_oxford", "roxford5k", "Oxford", 4993),
+                                       ("revisited_paris", "rparis6k", "Paris", 6322)):
     register_dataset(
         DatasetSpec(
             name=_name,
-            description=f"Revisited {_title} (Radenovic et al. 2018): 70 cropped queries, Easy/Medium/Hard ground truth",
+            description=f"Revisited {_title} (Radenovic et al. 2018): 70 cropped queries, Easy/Medium/Hard ground "
+                        "truth",
             level_names=("landmark_keyword",),
             splits=("query", "gallery"),
             evaluation_splits=("query", "gallery"),
@@ -188,7 +194,8 @@ for _name, _city, _title, _gallery in (("revisited_oxford", "roxford5k", "Oxford
         ),
         _city,
     )
-_GLD_FILES = ("train_clean.csv", "images/train/a/b/c/*.jpg", "retrieval_solution_v2.1.csv", "index_image_to_landmark.csv", "test/", "index/")
+_GLD_FILES = ("train_clean.csv", "images/train/a/b/c/*.jpg", "retrieval_solution_v2.1.csv",
+              "index_image_to_landmark.csv", "test/", "index/")
 register_dataset(
     DatasetSpec(
         name="gldv2",
@@ -198,13 +205,15 @@ register_dataset(
         evaluation_splits=("query", "gallery"),
         native_files=_GLD_FILES,
         load=load_gldv2,
-        published={"train": {"images": 1580470, "landmark": 81313}, "query": {"images": 1129}, "gallery": {"images": 761757}},
+        published={"train": {"images": 1580470, "landmark": 81313}, "query": {"images": 1129},
+                   "gallery": {"images": 761757}},
     )
 )
 register_dataset(
     DatasetSpec(
         name="h_gldv2",
-        description="Hierarchical GLDv2 (SupRank): landmark -> cluster -> overall_cluster; unclustered landmarks dropped",
+        description="Hierarchical GLDv2 (SupRank): landmark -> cluster -> overall_cluster; unclustered landmarks "
+                    "dropped",
         level_names=("landmark", "cluster", "overall_cluster"),
         splits=("train", "query", "gallery"),
         evaluation_splits=("query", "gallery"),
@@ -221,7 +230,8 @@ register_dataset(
         level_names=("landmark",),
         splits=("train",),
         evaluation_splits=(),
-        native_files=(f"{LANDMARKS_CLEAN_LIST} (or annotations/{LANDMARKS_CLEAN_LIST}): '<url or path> <landmark id>' lines",
+        native_files=(f"{LANDMARKS_CLEAN_LIST} (or annotations/{LANDMARKS_CLEAN_LIST}): '<url or path> <landmark id>' "
+                      "lines",
                       "the images, named as the URL's last component or by their listed path"),
         load=load_landmarks_clean,
         published={"train": {"images": 42410, "landmark": 586}},

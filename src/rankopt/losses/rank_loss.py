@@ -210,24 +210,14 @@ class RankLoss(nn.Module):
         self.max_elements = int(max_elements)
         self.last_num_queries_without_positive = 0
 
-    def forward(
-        self,
-        embeddings: torch.Tensor,
-        labels: torch.Tensor,
-        ref_embeddings: torch.Tensor | None = None,
-        ref_labels: torch.Tensor | None = None,
-    ) -> torch.Tensor:
+    def forward(self, embeddings: torch.Tensor, labels: torch.Tensor, ref_embeddings: torch.Tensor | None = None,
+                ref_labels: torch.Tensor | None = None) -> torch.Tensor:
         batch = self.retrieval_set(embeddings, labels, ref_embeddings, ref_labels)
         with torch.autocast(device_type=embeddings.device.type, enabled=False):
             return self.compute(batch)
 
-    def validate(
-        self,
-        embeddings: torch.Tensor,
-        labels: torch.Tensor,
-        ref_embeddings: torch.Tensor | None = None,
-        ref_labels: torch.Tensor | None = None,
-    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def validate(self, embeddings: torch.Tensor, labels: torch.Tensor, ref_embeddings: torch.Tensor | None = None,
+                 ref_labels: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Check the inputs (``rankopt.checks``); return ``(N, L)`` int64 labels and ref labels
         (column 0 only unless ``hierarchical``)."""
         checks.check_embeddings(embeddings, "embeddings", min_rows=2)

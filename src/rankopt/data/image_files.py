@@ -60,9 +60,18 @@ def read_bytes(path: str) -> bytes:
     return _zip_handle(archive).read(member)
 
 
-def to_rgb(img: Image.Image) -> Image.Image:
+def high_bit_top(img: Image.Image) -> float | None:
+    """The value :func:`to_rgb` maps to 255 in a 16/32-bit or float grey image (65535 for 16-bit, else its
+    maximum, at least 1); None for other modes."""
+    if not (img.mode.startswith("I") or img.mode == "F"):
+        return None
+    return 65535.0 if img.mode.startswith("I;16") else max(float(img.getextrema()[1]), 1.0)
+
+
+def to_rgb(img: Image.Image, top: float | None = None) -> Image.Image:
     """Any Pillow mode -> RGB: 1-bit/L/P/CMYK/YCbCr via ``convert``, alpha composited on white,
-    16/32-bit and float grayscale rescaled to 8 bits."""
+    16/32-bit and float grayscale rescaled to 8 bits (``top`` -> 255; default :func:`high_bit_top`, so a tile
+    of a larger image takes the whole image's)."""
     if img.mode == "RGB":
         return img
     if img.mode in ("RGBA", "LA", "PA", "RGBa", "La") or (img.mode == "P" and "transparency" in img.info):
@@ -70,9 +79,8 @@ def to_rgb(img: Image.Image) -> Image.Image:
         white = Image.new("RGBA", rgba.size, (255, 255, 255, 255))
         return Image.alpha_composite(white, rgba).convert("RGB")
     if img.mode.startswith("I") or img.mode == "F":
-        arr = np.asarray(img, dtype=np.float64)
-        top = 65535.0 if img.mode.startswith("I;16") else max(float(arr.max()), 1.0)
-        arr = np.clip(arr / top * 255.0, 0, 255).astype(np.uint8)
+        top = high_bit_top(img) if top is None else top
+        arr = np.clip(np.asarray(img, dtype=np.float64) / top * 255.0, 0, 255).astype(np.uint8)
         return Image.fromarray(arr, mode="L").convert("RGB")
     return img.convert("RGB")
 

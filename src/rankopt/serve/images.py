@@ -35,11 +35,10 @@ import threading
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-import numpy as np
 from PIL import Image, UnidentifiedImageError
 
 from rankopt.data.decode import DRAFT_GAP
-from rankopt.data.image_files import to_rgb
+from rankopt.data.image_files import high_bit_top, to_rgb
 from rankopt.serve.limits import ApiError, Limits
 
 CHECKABLE_FORMATS = ("JPEG", "PNG", "WEBP", "GIF", "BMP", "TIFF")
@@ -173,19 +172,12 @@ def _to_rgb(img: Image.Image, factor: int) -> Image.Image:
     if img.mode == "RGB" and factor == 1:
         return img
     width, height = img.size
-    top = None
-    if img.mode.startswith("I") or img.mode == "F":  # to_rgb's 8-bit scale, of the whole image
-        top = 65535.0 if img.mode.startswith("I;16") else max(float(img.getextrema()[1]), 1.0)
+    top = high_bit_top(img)  # to_rgb's 8-bit scale, of the whole image (float64 on one tile at a time)
     step = max(1, math.isqrt(TILE_PIXELS) // factor) * factor
     out = Image.new("RGB", (-(-width // factor), -(-height // factor)))
     for y in range(0, height, step):
         for x in range(0, width, step):
-            tile = img.crop((x, y, min(x + step, width), min(y + step, height)))
-            if top is None:
-                tile = to_rgb(tile)
-            else:  # to_rgb's formula; float64 on one tile only
-                grey = np.clip(np.asarray(tile, dtype=np.float64) / top * 255.0, 0, 255).astype(np.uint8)
-                tile = Image.fromarray(grey).convert("RGB")
+            tile = to_rgb(img.crop((x, y, min(x + step, width), min(y + step, height))), top)
             out.paste(tile.reduce(factor) if factor > 1 else tile, (x // factor, y // factor))
     return out
 

@@ -25,7 +25,6 @@ import argparse
 import datetime as dt
 import json
 import os
-import platform
 import resource
 import statistics
 import subprocess
@@ -128,10 +127,12 @@ def fmt(result: dict | None) -> str:
 
 
 def machine_line() -> str:
-    import torch
+    """:func:`rankopt.describe.machine_info` on one line (torch imported here: the parent process never needs it)."""
+    from rankopt.describe import machine_info
 
-    return (f"{platform.processor() or platform.machine()}, {os.cpu_count()} CPU cores, {platform.system()} {platform.release()}, "
-            f"Python {platform.python_version()}, torch {torch.__version__}, torch threads {torch.get_num_threads()}")
+    info = machine_info("cpu")
+    return (f"{info['platform']}, {info['cpu_count']} CPU cores, Python {info['python']}, torch {info['torch']}, "
+            f"torch threads {info['torch_threads']}")
 
 
 def write_section(path: Path, name: str, lines: list[str]) -> None:

@@ -41,7 +41,7 @@ from rankopt.describe import machine_info
 from rankopt.files import open_npy_atomic
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_search import make_images  # noqa: E402
+from bench_search import load_text, make_images  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"
 MIB = 2**20
@@ -144,6 +144,7 @@ def main() -> None:
     parser.add_argument("--no-write", action="store_true", help="print only")
     args = parser.parse_args()
     started = datetime.datetime.now(datetime.timezone.utc)
+    load_start = os.getloadavg()
     work = Path(tempfile.mkdtemp(prefix="rankopt_bench_memory_"))
     rows = []
     try:
@@ -162,7 +163,7 @@ def main() -> None:
             print(rows[-1], flush=True)
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    text = report(rows, args, started)
+    text = report(rows, args, started, load_start)
     print(text)
     if not args.no_write:
         (RESULTS / "memory.md").write_text(text)
@@ -172,7 +173,8 @@ def main() -> None:
             writer.writerows(rows)
 
 
-def report(rows: list[dict], args: argparse.Namespace, started: datetime.datetime) -> str:
+def report(rows: list[dict], args: argparse.Namespace, started: datetime.datetime,
+           load_start: tuple[float, float, float]) -> str:
     info = machine_info("cpu")
     command = "python benchmarks/bench_memory.py " + " ".join(sys.argv[1:])
     lines = [
@@ -180,7 +182,8 @@ def report(rows: list[dict], args: argparse.Namespace, started: datetime.datetim
         f"- command: `{command.strip()}`",
         f"- machine: {info['platform']}, {info['cpu_count']} CPU cores, torch {info['torch']} "
         f"({args.threads} threads), Python {info['python']}; no GPU",
-        f"- date: {started:%Y-%m-%d %H:%M} UTC; load average at the end {', '.join(f'{x:.1f}' for x in os.getloadavg())}",
+        f"- date: {started:%Y-%m-%d %H:%M} UTC; load average at the start {load_text(load_start)}, "
+        f"at the end {load_text(os.getloadavg())}",
         "", "Each command in a fresh interpreter; the baseline is its resident set after importing torch and rankopt's "
         "CLI modules. *peak RSS above*: the peak resident set minus the baseline; it includes the pages of the "
         "memory-mapped embeddings that were read or written (file-backed, dropped by the kernel under pressure). "

@@ -23,7 +23,6 @@ import argparse
 import datetime
 import json
 import os
-import platform
 import resource
 import subprocess
 import sys
@@ -141,14 +140,14 @@ def _equal(a: dict[str, float], b: dict[str, float]) -> bool:
     return a.keys() == b.keys() and all(abs(a[k] - b[k]) <= 1e-12 for k in a)
 
 
-def machine(threads: int | None = None) -> str:
-    """Processor, cores, torch version and threads (``threads``: the workers', default this process's), load."""
-    import torch
+def machine() -> str:
+    """:func:`rankopt.describe.machine_info` on one line (the workers run with this process's threads), and the load."""
+    from rankopt.describe import machine_info
 
-    threads = torch.get_num_threads() if threads is None else threads
+    info = machine_info("cpu")
     load = ", ".join(f"{v:.1f}" for v in os.getloadavg())
-    return (f"{platform.processor() or platform.machine()}, {os.cpu_count()} CPU cores, torch {torch.__version__} "
-            f"({threads} threads), Python {platform.python_version()}; load average at start {load}")
+    return (f"{info['platform']}, {info['cpu_count']} CPU cores, torch {info['torch']} ({info['torch_threads']} threads), "
+            f"Python {info['python']}; load average at start {load}")
 
 
 def main() -> None:
@@ -238,18 +237,19 @@ def main() -> None:
 
 
 def write_section(section: str, text: str) -> None:
-    """Replace one section of the results file, keeping the other mode's section."""
+    """Replace one ``## `` section of the results file, keeping the others (the other mode's, notes)."""
     sections = {STANDARD_SECTION: "", LARGE_SECTION: ""}
     if RESULTS.exists():
         current = None
         for line in RESULTS.read_text().splitlines(keepends=True):
-            if line.rstrip() in sections:
+            if line.startswith("## "):
                 current = line.rstrip()
+                sections.setdefault(current, "")
             if current is not None:
                 sections[current] += line
     sections[section] = text
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text("# rankopt.metrics benchmark\n\n" + "\n".join(t for t in sections.values() if t))
+    RESULTS.write_text("# rankopt.metrics benchmark\n\n" + "\n\n".join(t.rstrip("\n") for t in sections.values() if t) + "\n")
 
 
 if __name__ == "__main__":

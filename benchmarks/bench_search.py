@@ -49,6 +49,11 @@ FAISS_SPECS = [("Flat", None), ("IVF{nlist},Flat", "nprobe=16"), ("IVF{nlist},PQ
 """``{nlist}``: 1024, or the largest power of two with 39 training vectors per list for smaller galleries."""
 
 
+def load_text(loads: tuple[float, float, float]) -> str:
+    """The 1, 5 and 15 minute load averages, as ``os.getloadavg`` returns them, for a table header."""
+    return ", ".join(f"{v:.1f}" for v in loads)
+
+
 def make_images(folder: Path, count: int, classes: int = 100, size: int = 32) -> Path:
     """``count`` PNGs in ``classes`` class folders: a class colour with a random darker square."""
     rng = np.random.default_rng(0)
@@ -115,7 +120,7 @@ def search_backends(num: int, queries: int, dim: int) -> list[dict]:
     exact_s = time.perf_counter() - start
     rows.append({"section": "search", "case": "exact (chunked_topk)", "items": num, "build_s": built,
                  "search_s": exact_s, "recall@10": 1.0})
-    truth = [set(r) for r in exact.ids.tolist()]
+    truth = [set(r) for r in exact.rows.tolist()]
     nlist = min(1024, 2 ** int(np.log2(num / 39)))
     for spec, params in FAISS_SPECS:
         spec = spec.format(nlist=nlist)
@@ -125,7 +130,7 @@ def search_backends(num: int, queries: int, dim: int) -> list[dict]:
         start = time.perf_counter()
         found = index.search(q, k=10)
         searched = time.perf_counter() - start
-        recall = float(np.mean([len(set(r) & t) / 10 for r, t in zip(found.ids.tolist(), truth)]))
+        recall = float(np.mean([len(set(r) & t) / 10 for r, t in zip(found.rows.tolist(), truth)]))
         case = f"faiss {spec}" + (f" ({params})" if params else "")
         rows.append({"section": "search", "case": case, "items": num, "build_s": built, "search_s": searched,
                      "recall@10": recall, "ratio": searched / exact_s})
@@ -149,6 +154,7 @@ def main() -> None:
 
     faiss.omp_set_num_threads(args.threads)
     started = datetime.datetime.now(datetime.timezone.utc)
+    load_start = os.getloadavg()
     work = Path(tempfile.mkdtemp(prefix="rankopt_bench_search_"))
     rows = []
     try:
@@ -166,7 +172,7 @@ def main() -> None:
     for row in search_backends(args.vectors, args.queries, 128):
         rows.append(row)
         print(row, flush=True)
-    text = report(rows, args, started)
+    text = report(rows, args, started, load_start)
     print(text)
     if not args.no_write:
         (RESULTS / "search.md").write_text(text)
@@ -176,7 +182,8 @@ def main() -> None:
             writer.writerows(rows)
 
 
-def report(rows: list[dict], args: argparse.Namespace, started: datetime.datetime) -> str:
+def report(rows: list[dict], args: argparse.Namespace, started: datetime.datetime,
+           load_start: tuple[float, float, float]) -> str:
     info = machine_info("cpu")
     command = "python benchmarks/bench_search.py " + " ".join(sys.argv[1:])
     lines = ["# rankopt.search benchmark", "",
@@ -184,8 +191,8 @@ def report(rows: list[dict], args: argparse.Namespace, started: datetime.datetim
              (f"- machine: {info['platform']}, {info['cpu_count']} CPU cores, torch {info['torch']} "
               f"({args.threads} threads, faiss {args.threads} threads), Python {info['python']}; "
               "no GPU"),
-             (f"- date: {started:%Y-%m-%d %H:%M UTC}; load average at the end "
-              f"{', '.join(f'{v:.1f}' for v in os.getloadavg())} (this benchmark alone keeps it near 2)"), "",
+             (f"- date: {started:%Y-%m-%d %H:%M UTC}; load average at the start {load_text(load_start)}, at the end "
+              f"{load_text(os.getloadavg())} (this benchmark alone keeps it near 2)"), "",
              "## (a) Embedding a gallery: `Index.build` vs the model's forward pass alone", "",
              (f"Generated PNGs (32 x 32; 320 x 320 for resnet50) in 100 class folders, batch size {args.batch_size}, "
               "0 DataLoader workers, "

@@ -59,6 +59,8 @@ from rankopt.serve.batcher import default_threads
 from rankopt.serve.metrics import STAGES
 from rankopt.search import Embedder, Index
 
+from cited import keep_cited
+
 RESULTS = Path(__file__).resolve().parent / "results"
 TORCH_THREADS = torch.get_num_threads()  # torch's default (one per core), before anything sets it
 LEVELS = (1, 4, 16)
@@ -510,7 +512,7 @@ def main() -> None:
     if out is None:
         print(text)
     else:
-        out.write_text(text)
+        out.write_text(keep_cited(out, text))
         print(f"wrote {out}")
 
 

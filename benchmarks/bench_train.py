@@ -24,6 +24,8 @@ import torch
 from rankopt.config import load_config
 from rankopt.engine.trainer import Trainer
 
+from cited import keep_cited
+
 RESULTS = Path(__file__).resolve().parent / "results"
 SMALL = ["train.epochs=1", "train.max_steps_per_epoch=10", "train.eval_every=1", "data.kwargs.images_per_class=8"]
 
@@ -84,7 +86,7 @@ def main() -> None:
     text = "\n".join(lines) + "\n"
     print(text)
     RESULTS.mkdir(exist_ok=True)
-    (RESULTS / "train.md").write_text(text)
+    (RESULTS / "train.md").write_text(keep_cited(RESULTS / "train.md", text))
 
 
 if __name__ == "__main__":

@@ -31,6 +31,8 @@ from rankopt.engine.multistage import multistage_step
 from rankopt.losses import build
 from rankopt.models import create_model
 
+from cited import keep_cited
+
 RESULTS = Path(__file__).resolve().parent / "results"
 SIZES = {
     # backbone rows: (name, batch, image side); multistage rows: (batch, sub-batch or 0 for plain)
@@ -123,7 +125,8 @@ def main() -> None:
         lines.append(f"| {batch} | {sub or 'plain'} | {res['seconds']:.2f} s | {res['peak_mib']:.0f} MiB |")
         print(lines[-1], flush=True)
     RESULTS.mkdir(exist_ok=True)
-    (RESULTS / "models_engine.md").write_text("\n".join(lines) + "\n")
+    out = RESULTS / "models_engine.md"
+    out.write_text(keep_cited(out, "\n".join(lines) + "\n"))
     print(f"wrote {RESULTS / 'models_engine.md'}")
 
 

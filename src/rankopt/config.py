@@ -43,7 +43,7 @@ class DataConfig:
     test_transform: str = "synthetic_test"
     image_size: Any = None  # None: the presets' size; S or "HxW" pixels (rankopt.checks.parse_image_size)
     batch_transform: bool = False  # transform whole batches on the device (same-size images, e.g. synthetic)
-    num_workers: int = 0
+    num_workers: int | str = 0  # or "auto": resolved at start for the device (rankopt.runtime.resolve_auto)
     # > 0: hold out this fraction of the training split's classes at label column validation_level
     # (-1: coarsest, e.g. Omniglot alphabets) as a class-disjoint "validation" split, evaluated INSTEAD of
     # the evaluation splits: hyper-parameters are tuned there, never on the test classes.
@@ -181,7 +181,9 @@ class TrainConfig:
     amp: str = "none"  # none | bf16 | fp16
     grad_clip: float | None = None
     memory: MemoryConfig = field(default_factory=MemoryConfig)
-    sub_batch_size: int | None = None  # multistaged backprop when < batch_size
+    # multistaged backprop when < batch_size; "auto": sub-batches only when a batch's activations do not fit
+    # (rankopt.runtime.resolve_auto, resolved at start into a number or null)
+    sub_batch_size: int | str | None = None
     eval_every: int = 1
     best_metric: str = "map@r"
     seed: int = 0
@@ -205,7 +207,12 @@ class EvalConfig:
 @dataclass
 class OutputConfig:
     dir: str | None = None  # None: runs/<name>-<UTC time>
-    tensorboard: bool = True
+    tensorboard: bool = True  # TensorBoard when installed (an alias of "tensorboard" in loggers, which requires it)
+    # experiment trackers (rankopt.engine.loggers): any of LOGGERS; each one's package is an optional extra
+    loggers: list[str] = field(default_factory=list)
+    mlflow_uri: str | None = None  # None: $MLFLOW_TRACKING_URI, else file:RUN/mlruns (offline, no server)
+    wandb_project: str = "rankopt"  # W&B runs offline (RUN/wandb) unless $WANDB_MODE says otherwise
+    log_checkpoints: bool = False  # also send checkpoints/best.ckpt to the trackers
     figures: bool = True  # figures and report.html
     # the figures drawn from the final embeddings (retrieval grid, PR curves, t-SNE map): the costly ones;
     # the benchmark draws them for its first seed only
@@ -242,6 +249,7 @@ _CHOICES: dict[str, tuple[str, ...]] = {
     "eval.similarity": ("cosine", "dot", "neg_l2"),
     "loss.init": ("random", "class_means"),
 }
+LOGGERS = ("tensorboard", "mlflow", "wandb")  # output.loggers
 _POSITIVE = ("train.batch_size", "train.m", "train.eval_every", "eval.batch_size", "train.diagnostics_every")
 
 
@@ -324,9 +332,15 @@ def _validate(conf: DictConfig) -> None:
         parse_image_size(conf.data.image_size)
     except (TypeError, ValueError) as err:
         raise ValueError(f"invalid value for 'data.image_size': {err}") from None
+    workers = conf.data.num_workers
+    if workers != "auto" and (isinstance(workers, str) or workers < 0):
+        raise ValueError(f"'data.num_workers' must be >= 0 or auto, got {workers!r}")
+    unknown = [name for name in conf.output.loggers if name not in LOGGERS]
+    if unknown:
+        raise ValueError(f"'output.loggers': unknown {unknown}; choose from {', '.join(LOGGERS)}")
     sub = conf.train.sub_batch_size
-    if sub is not None and sub < 1:
-        raise ValueError(f"'train.sub_batch_size' must be >= 1 or null, got {sub}")
+    if sub is not None and sub != "auto" and (isinstance(sub, str) or sub < 1):
+        raise ValueError(f"'train.sub_batch_size' must be >= 1, null or auto, got {sub!r}")
 
 
 def load_config(recipe: str | Path | None = None, overrides: Sequence[str] = ()) -> ExperimentConfig:

@@ -22,8 +22,8 @@ os.register_at_fork(after_in_child=_EXECUTORS.clear)  # a child process has none
 
 def _executor(threads: int) -> ThreadPoolExecutor:
     """The process's executor of ``threads`` worker threads (torch single-threaded in each), started once: a
-    loss or an evaluation calls the pool hundreds of times, and starting threads each time cost ~3 ms per
-    thread on busy cores (measured: 0.56 s of a 2 s ``hap`` step at B = 4096)."""
+    loss or an evaluation calls the pool hundreds of times, and starting threads each time is a large part of
+    a step on busy cores (measured: benchmarks/results/losses.md)."""
     with _EXECUTORS_LOCK:
         executor = _EXECUTORS.get(threads)
         if executor is None:
@@ -38,8 +38,7 @@ class ThreadPool:
 
     Inside the pool torch runs single-threaded (restored on exit): each thread computes its own
     products and serves them. torch's OpenMP threads, left waiting after a product of their own,
-    would spin for milliseconds against the work that follows (measured: a third of the tiled
-    kernels' time at 1M x 10k x 128-d).
+    would spin for milliseconds against the work that follows (measured: benchmarks/results/metrics.md).
     """
 
     def __init__(self, threads: int) -> None:

@@ -92,9 +92,6 @@ def test_dba_rewrites_the_indexed_vectors_and_qe_expands_queries(tree: Path, que
     assert index.fingerprint == embedder.fingerprint  # DBA does not change how a query is embedded
     with pytest.raises(ValueError, match="cannot be added"):
         index.add(raw[:2])
-    with pytest.raises(ValueError, match="pass qe= to Index.search"):
-        Index.build(embedder, tree, postprocessing=PostProcessing(qe=qe), progress=False)
-
     q = embedder.embed(queries).embeddings
     expanded = alpha_query_expansion(q, index.embeddings, qe)
     assert not torch.allclose(expanded, q)
@@ -103,6 +100,15 @@ def test_dba_rewrites_the_indexed_vectors_and_qe_expands_queries(tree: Path, que
     assert torch.equal(result.rows, ids) and torch.allclose(result.scores, scores, atol=1e-6)
     index.save(tmp_path / "idx")
     assert Index.load(tmp_path / "idx").info["dba"] == {"k": 2, "alpha": 3.0}
+
+    # an αQE given when building is stored and applied by every search (rankopt fit chooses one), Expansion(0): none
+    stored = Index.build(embedder, tree, postprocessing=PostProcessing(dba=dba, qe=qe), progress=False)
+    stored.save(tmp_path / "idx-qe")
+    loaded = Index.load(tmp_path / "idx-qe")
+    assert loaded.query_expansion == qe and loaded.info["qe"] == {"k": 3, "alpha": 2.0}
+    assert torch.equal(loaded.search(q, 4).rows, result.rows)
+    plain = loaded.search(q, 4, qe=Expansion(0))
+    assert torch.equal(plain.rows, chunked_topk(q, index.embeddings, 4)[1])
 
 
 def test_cli_whiten_index_search_with_every_step(tree: Path, queries: Path, tmp_path: Path, capsys):

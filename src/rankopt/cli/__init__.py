@@ -14,7 +14,7 @@ from collections.abc import Sequence
 
 SUBCOMMAND_MODULES = ("train", "convert", "evaluate", "embed", "evaluate_embeddings", "datasets", "compare", "report",
                       "benchmark", "study", "whiten", "index", "index_change", "index_transfer", "search", "calibrate",
-                      "serve", "export")
+                      "serve", "export", "weights", "fit")
 
 
 def build_parser() -> argparse.ArgumentParser:

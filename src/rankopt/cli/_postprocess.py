@@ -36,7 +36,8 @@ def add_postprocess_arguments(parser: argparse.ArgumentParser, *, query_side: bo
                            help="apply a learned whitening (rankopt whiten) to the embeddings")
     if query_side:
         group.add_argument("--qe", type=int, metavar="K",
-                           help="alpha-weighted query expansion with the top K gallery items (ICCV'19 §5: K = 10)")
+                           help="alpha-weighted query expansion with the top K gallery items (ICCV'19 §5: K = 10); "
+                                "default: the index's own, if it stores one (rankopt fit); 0: none")
         group.add_argument("--qe-alpha", type=float, metavar="A",
                            help="query expansion weight exponent (default 2, as ICCV'19 §5)")
     if gallery_side:

@@ -16,7 +16,7 @@ import argparse
 from typing import Any
 
 from rankopt.cli.index import add_source_arguments
-from rankopt.cli._model import add_index_model_options, index_embedder
+from rankopt.cli._model import add_index_model_options, check_output, index_embedder
 
 
 def register(subparsers: Any) -> None:
@@ -54,6 +54,7 @@ def run(args: argparse.Namespace) -> int:
         if args.checkpoint is not None or args.onnx is not None:
             raise ValueError("the model is the CHECKPOINT argument; --checkpoint/--onnx go with an INDEX_DIR")
         args.checkpoint = str(given)
+    check_output(args.out, "--out", folder=True, inputs=[args.model_or_index, args.index])  # before any embedding
     index = Index.load(args.index) if args.index is not None else None
     embedder = index_embedder(index, args)  # with an index: its embedding pipeline, its model's fingerprint
     dataset = as_dataset(source_from_args(args), embedder.transform, class_tree=True)

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from rankopt.cli._postprocess import add_postprocess_arguments
-from rankopt.cli._model import add_model_data_arguments
+from rankopt.cli._model import add_model_data_arguments, check_output
 
 
 def register(subparsers: Any) -> None:
@@ -52,6 +52,9 @@ def run(args: argparse.Namespace) -> int:
 
     if args.images is not None and (args.dataset is not None or args.split is not None):
         raise ValueError("use either --images DIR or --dataset/--split, not both")
+    emb_path, labels_path, paths_path, info_path = output_paths(args.out)
+    for path in (emb_path, labels_path, paths_path, info_path):  # before any image is embedded
+        check_output(str(path), "--out", inputs=[args.checkpoint, args.images, args.whiten])
     if args.images is not None:
         from rankopt.data.image_folder import folder_dataset
         from rankopt.data.transforms import build_transform
@@ -65,7 +68,6 @@ def run(args: argparse.Namespace) -> int:
     preprocessing = inference_preprocessing(cfg)
     post = postprocessing_from_args(args, model_fingerprint(model, preprocessing))
     preprocessing |= post.preprocessing()
-    emb_path, labels_path, paths_path, info_path = output_paths(args.out)
     # bounded memory: one batch of images, the embeddings written straight into E.npy (whitened batch by batch)
     split = embed_dataset(post.wrap_model(model), dataset, batch_size=args.batch_size or cfg.eval.batch_size,
                           device=device, num_workers=args.num_workers, show_progress=not args.no_progress,

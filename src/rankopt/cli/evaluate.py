@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from rankopt.cli._model import add_model_data_arguments, load_from_args
+from rankopt.cli._model import add_model_data_arguments, check_output, load_from_args
 from rankopt.cli._postprocess import add_postprocess_arguments
 
 
@@ -40,18 +40,21 @@ def run(args: argparse.Namespace) -> int:
     from rankopt.engine.assembly import inference_preprocessing
     from rankopt.engine.embed_and_score import evaluate_model
     from rankopt.engine.run_writer import write_evaluation_folder
+    from rankopt.files import write_text_atomic
+    from rankopt.metrics import ALL_METRICS, check_metrics
     from rankopt.models.fingerprint import model_fingerprint
 
     if args.split is not None and len(args.split) > 2:
         raise ValueError(f"--split takes one split (self-retrieval) or two (query gallery), got {args.split}")
+    # every check that needs no image comes before the model embeds one (evaluate_model checks the label levels)
+    metrics = list(ALL_METRICS) if args.metrics == ["all"] else args.metrics
+    if metrics is not None:
+        check_metrics(metrics, source="--metrics")
+    check_output(args.json, "--json", inputs=[args.checkpoint])
+    check_output(args.output, "--output", folder=True, inputs=[args.checkpoint])
     model, cfg, datasets, device, batch_transform = load_from_args(args, args.split)
     if args.similarity:
         cfg.eval.similarity = args.similarity
-    metrics = args.metrics
-    if metrics == ["all"]:
-        from rankopt.metrics import ALL_METRICS
-
-        metrics = list(ALL_METRICS)
     post = postprocessing_from_args(args, model_fingerprint(model, inference_preprocessing(cfg)))
     start = time.perf_counter()
     result, splits = evaluate_model(model, datasets, cfg.eval, device=device, num_workers=args.num_workers,
@@ -69,7 +72,7 @@ def run(args: argparse.Namespace) -> int:
                            "per query category (" + ", ".join(f"{name}: {sub.num_queries} queries"
                                                               for name, sub in result.by_category.items()) + ")"))
     if args.json:
-        Path(args.json).write_text(json.dumps(out, indent=2))
+        write_text_atomic(args.json, json.dumps(out, indent=2))
         print(f"wrote {args.json}")
     if args.output:
         page = write_evaluation_folder(Path(args.output), checkpoint=str(args.checkpoint),

@@ -122,6 +122,8 @@ def summary(index: Any) -> str:
         steps.append(f"{index.post.whitening.kind} whitening")
     if index.info.get("dba"):
         steps.append(f"DBA k={index.info['dba']['k']} alpha={index.info['dba']['alpha']}")
+    if index.query_expansion is not None:
+        steps.append(f"αQE k={index.query_expansion.k} alpha={index.query_expansion.alpha:g} on every search")
     pipeline = f", {', '.join(steps)}" if steps else ""
     extras = ""
     if index.metadata:

@@ -12,7 +12,7 @@ import argparse
 from typing import Any
 
 from rankopt.cli._postprocess import add_multiscale_argument
-from rankopt.cli._model import add_model_data_arguments
+from rankopt.cli._model import add_model_data_arguments, check_output
 
 
 def register(subparsers: Any) -> None:
@@ -78,6 +78,7 @@ def run(args: argparse.Namespace) -> int:
     if args.supervised and args.power is not None:
         raise ValueError("--power applies to PCA whitening; supervised whitening whitens the pair covariance fully")
     scales = scales_from_args(args)
+    check_output(args.out, "--out", inputs=[args.checkpoint])  # before any image is embedded
     model, cfg, dataset, device, batch_transform, fitted_on = _training_split(args)
     split = embed_dataset(multiscale(model, scales), dataset, batch_size=args.batch_size or cfg.eval.batch_size,
                           device=device, num_workers=args.num_workers, show_progress=not args.no_progress,

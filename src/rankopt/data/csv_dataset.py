@@ -19,13 +19,19 @@ Columns (a header row; any order; other columns are kept per item, see below):
   OML's factorisation would put every empty value in one sequence, rankopt leaves such items alone;
 - ``category`` (optional, OML): besides its use as a level, the metrics are also reported per category
   of the queries (each query still retrieving from the whole gallery, as in OML).
+- ``labels`` (optional): every label of a multi-label item, separated by ``labels_separator`` (default ``|``,
+  e.g. ``cat|outdoor``; empty: none). The datasets then hold ``metadata["multilabels"]``, the ``(N, C)`` uint8
+  multi-hot matrix (C = the distinct labels of the file), and ``metadata["multilabel_names"]``, its column names
+  (sorted), for ``rankopt.rank.Relevance.multilabel`` (``rankopt evaluate-embeddings --multilabels``).
+  ``label`` stays the class of each item (samplers, class-based losses).
 
 Per item, the datasets' ``metadata["sequence"]`` and ``metadata["category"]`` hold these columns as
 strings (``""``: empty), when the file has them, and ``metadata["column/NAME"]`` every other column
 ``NAME`` as its raw text (e.g. an ``id`` column, or a search index's metadata: ``rankopt index``); they follow
 the items through skipped files and carved splits (``Items.per_item``).
 
-Splits: the rows of ``train``, ``validation`` and ``test``; with ``is_query``/``is_gallery``,
+Splits: the rows of ``train``, ``validation`` and ``test`` (and ``all``: every row, as ``rankopt fit`` reads a
+table); with ``is_query``/``is_gallery``,
 ``query`` and ``gallery`` are the rows of the evaluation split (``test`` if the file has test rows,
 else ``validation``) flagged so. A row may be both (OML's "1 vs rest"): the gallery then contains
 the queries and ``metadata["gallery_contains_queries"]`` makes the evaluation exclude each query's
@@ -63,6 +69,7 @@ SPLITS = ("train", "validation", "test")
 FLAGS = ("is_query", "is_gallery")
 BOX = ("x_1", "y_1", "x_2", "y_2")
 ITEM_COLUMNS = ("sequence", "category")  # kept per item in the datasets' metadata
+MULTI_LABELS = "labels"  # the column of a multi-label item's labels, split by ``labels_separator``
 OTHER_COLUMN = "column/"
 """Prefix of the per-item metadata keys of the file's other columns (raw text)."""
 _TRUE, _FALSE, _EMPTY = {"true", "1", "1.0", "yes"}, {"false", "0", "0.0", "no"}, {"", "none", "nan", "null"}
@@ -144,6 +151,8 @@ class CsvRows:
     empty."""
     others: dict[str, list[str]] = field(default_factory=dict)
     """The file's other columns (none of the above): each row's raw text, stripped."""
+    multilabels: list[frozenset[str]] | None = None
+    """Each row's labels (the ``labels`` column), None without that column."""
     problems: list[str] = field(default_factory=list)
     """Problems left unraised by ``read_table(..., keep_going=True)``."""
 
@@ -176,7 +185,7 @@ def _disjointness(table: CsvRows) -> list[str]:
 
 def read_table(
     file: Path | None, *, dataset_root: str | os.PathLike[str] | None = None, levels: Sequence[str] | None = None,
-    class_disjoint: bool = True, keep_going: bool = False,
+    class_disjoint: bool = True, keep_going: bool = False, labels_separator: str = "|",
 ) -> CsvRows:
     """Read and check a CSV file in OML's format; every problem is raised together (with ``keep_going``,
     for ``dataset-info``: kept in ``CsvRows.problems`` when some rows are usable, the bad rows left out)."""
@@ -201,7 +210,11 @@ def read_table(
         table = CsvRows(file, level_names, bool(flags))
         has_box = all(c in header for c in BOX)
         table.extras = {c: [] for c in ITEM_COLUMNS if c in header}
-        used = {"path", "split", *level_names, *FLAGS, *BOX, *ITEM_COLUMNS}
+        if MULTI_LABELS in header:
+            if not labels_separator:
+                raise ValueError("labels_separator must be a non-empty string (e.g. '|')")
+            table.multilabels = []
+        used = {"path", "split", *level_names, *FLAGS, *BOX, *ITEM_COLUMNS, MULTI_LABELS}
         table.others = {c: [] for c in header if c and c not in used}
         problems: list[str] = []
         seen: dict[str, int] = {}
@@ -238,6 +251,9 @@ def read_table(
                 table.extras[column].append(value)
             for column, values in table.others.items():
                 values.append(get.get(column, ""))
+            if table.multilabels is not None:
+                table.multilabels.append(frozenset(filter(None, (t.strip() for t in
+                                                                 get[MULTI_LABELS].split(labels_separator)))))
     if not table.paths and not problems:
         problems.append(f"{file}: no rows")
     table.labels = _unify(table.labels)
@@ -257,19 +273,20 @@ def read_table(
 def csv_layout(root: Path | None, **kwargs: Any) -> tuple[tuple[str, ...], tuple[str, ...]]:
     """``(splits, evaluation_splits)`` of the CSV file ``root``."""
     table = read_table(root, **kwargs)
-    splits = tuple(s for s in SPLITS if s in table.splits)
+    splits = (*(s for s in SPLITS if s in table.splits), "all")
     if table.has_flags:
         return (*splits, "query", "gallery"), ("query", "gallery")
     return splits, (table.evaluation_split,)
 
 
 def load_csv(root: Path | None, split: str, **kwargs: Any) -> Items:
-    """Items of ``split`` of the CSV file ``root`` (every split's rows; ``finalize`` keeps the group asked for)."""
+    """Items of ``split`` of the CSV file ``root`` (every split's rows, and each row once more in ``all``; ``finalize``
+    keeps the group asked for)."""
     table = read_table(root, **kwargs)
     evaluation = table.evaluation_split if table.has_flags else None
     rows, boxes, both, origin = [], {}, False, []
     for i, (path, labels, s) in enumerate(zip(table.paths, table.labels, table.splits)):
-        entries = [s]
+        entries = [s, "all"]
         if s == evaluation:
             is_query, is_gallery = table.flags[i]
             entries += ["query"] * bool(is_query) + ["gallery"] * bool(is_gallery)
@@ -285,6 +302,15 @@ def load_csv(root: Path | None, split: str, **kwargs: Any) -> Items:
     per_item = {column: np.asarray(values, dtype=str)[origin] for column, values in table.extras.items()}
     per_item |= {OTHER_COLUMN + column: np.asarray(values, dtype=str)[origin]
                  for column, values in table.others.items()}
+    if table.multilabels is not None:
+        names = sorted(set().union(*table.multilabels))
+        column = {name: c for c, name in enumerate(names)}
+        hot = np.zeros((len(table.multilabels), len(names)), dtype=np.uint8)
+        for row, labels in enumerate(table.multilabels):
+            hot[row, [column[name] for name in labels]] = 1
+        per_item["multilabels"] = hot[origin]
+        for values in extra.values():
+            values["multilabel_names"] = tuple(names)
     return Items.from_rows(rows, table.level_names, boxes=boxes, extra=extra, per_item=per_item)
 
 
@@ -292,9 +318,9 @@ SPEC = register_dataset(
     DatasetSpec(
         name=NAME,
         description="images listed in a CSV file, open-metric-learning's format (label, path, split "
-                    "[, is_query, is_gallery, category, sequence, x_1, x_2, y_1, y_2]); root = the CSV file",
+                    "[, is_query, is_gallery, category, sequence, labels, x_1, x_2, y_1, y_2]); root = the CSV file",
         level_names=("label",),
-        splits=(*SPLITS, "query", "gallery"),
+        splits=(*SPLITS, "all", "query", "gallery"),
         evaluation_splits=("query", "gallery"),
         native_files=("FILE.csv "
                       "(label,path,split[,is_query,is_gallery][,label_1|category][,sequence][,x_1,x_2,y_1,y_2])",),

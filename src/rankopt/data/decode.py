@@ -11,8 +11,9 @@ Other formats ignore ``min_side``.
 
 :func:`decode_jpeg_pixels` decodes the common JPEGs (YCbCr or grayscale) with libjpeg-turbo through
 simplejpeg straight into a numpy array, with the scale and libjpeg settings Pillow uses (accurate DCT,
-fancy upsampling), so the pixels are those of :func:`decode_image` (tests), at about 0.6x its cost and
-without the copy out of a Pillow image; everything else returns None and takes :func:`decode_image`.
+fancy upsampling), so the pixels are those of :func:`decode_image` (tests), at a lower cost and without the
+copy out of a Pillow image (measured: benchmarks/results/pretrained_loading.md, table (d)); everything else
+returns None and takes :func:`decode_image`.
 """
 
 from __future__ import annotations

@@ -80,8 +80,8 @@ def _gaussian_kernel(size: int, sigma: float) -> torch.Tensor:
 
 def _blur_axis(x: torch.Tensor, size: int, sigma: float, axis: int) -> torch.Tensor:
     """Gaussian blur of ``x`` along ``axis`` (-2 rows, -1 columns), reflected border (row ``-s`` is row
-    ``s``): a weighted sum of shifted views, in ``x``'s memory layout (several times faster than a
-    depthwise convolution for these small kernels)."""
+    ``s``): a weighted sum of shifted views, in ``x``'s memory layout (for kernels this small, cheaper than a
+    depthwise convolution)."""
     if size == 1:
         return x
     weights = _gaussian_kernel(size, sigma).tolist()
@@ -250,8 +250,8 @@ def _step(op: torch.nn.Module) -> Step | None:
 
 def _channels_last_tensor(image: Image.Image) -> torch.Tensor:
     """RGB PIL image -> ``(1, 3, H, W)`` float in [0, 1] with channels-last strides: the values of
-    :func:`~rankopt.data.image_files.pil_to_tensor` without its transposing copy (bilinear interpolation is
-    2-3 times faster on channels-last images)."""
+    :func:`~rankopt.data.image_files.pil_to_tensor` without its transposing copy (bilinear interpolation
+    runs faster on channels-last images)."""
     pixels = np.asarray(image, dtype=np.float32)  # a new array: scaled in place
     pixels *= np.float32(1 / 255)
     return torch.from_numpy(pixels).permute(2, 0, 1).unsqueeze(0)
@@ -260,7 +260,8 @@ def _channels_last_tensor(image: Image.Image) -> torch.Tensor:
 @contextlib.contextmanager
 def one_thread() -> Iterator[None]:
     """torch on one intra-op thread inside: the ops on one image are too small to share, and with
-    several threads each op waits for them all (tens of times slower when the cores are busy)."""
+    several threads each op waits for them all, slow when the cores are busy (measured:
+    benchmarks/results/loader.md)."""
     threads = torch.get_num_threads()
     if threads == 1:
         yield
@@ -296,7 +297,7 @@ class FusedPath:
     def __call__(self, image: Image.Image | np.ndarray) -> torch.Tensor | None:
         """RGB image, or its ``(H, W, 3)`` uint8 pixels, -> ``(3, h, w)``; None when a center crop exceeds the
         resized image (the steps' fallback)."""
-        from rankopt.data import _resample_kernels as kernels  # noqa: PLC0415 - numba: 0.7 s import
+        from rankopt.data import _resample_kernels as kernels  # noqa: PLC0415 - numba: slow import
 
         height, width = image.shape[:2] if isinstance(image, np.ndarray) else (image.height, image.width)
         resized, align, blur = (height, width), True, ((1, 0.0), (1, 0.0))

@@ -92,7 +92,8 @@ class ImageTransform:
     (3, h, w); a (B, 3, H, W) batch -> (B, 3, h, w) with independent random parameters per image.
 
     Applying it to whole batches of same-size images (e.g. the synthetic set decoded with
-    ``transform=None``) is an order of magnitude faster than per image (kornia's per-call cost).
+    ``transform=None``) is faster than per image: kornia's per-call cost is paid once (measured:
+    benchmarks/results/loader.md).
     A PIL image takes ``fast`` (the same ops in plain torch, :mod:`rankopt.data.fast_transform`) when
     every op has one; :meth:`reference` runs the kornia ops. ``decode_min_side``: the shorter side the
     first resize needs (a dataset may decode JPEGs at reduced size, :mod:`rankopt.data.decode`).

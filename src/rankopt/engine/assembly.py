@@ -111,7 +111,7 @@ def build_loss(cfg: ExperimentConfig, *, class_counts: list[int], embedding_dim:
     (``rankopt.losses.data_arguments``) from the data and the model unless given: ``class_counts`` holds the number
     of classes of each label column (finest first).
     """
-    from rankopt import losses  # PML etc.: 0.45 s more for search and serve, which import this module but not losses
+    from rankopt import losses  # PML etc.: a slow import, spared to search and serve (they import this module alone)
 
     sources = {"classes": class_counts[0], "classes_per_level": list(class_counts), "embedding_dim": embedding_dim}
     terms = losses.loss_terms(cfg.loss.name, cfg.loss.kwargs, [dataclasses.asdict(t) for t in cfg.loss.terms])

@@ -45,14 +45,16 @@ from torch.utils.data import DataLoader, Dataset, Subset
 
 from rankopt.checks import check_labels
 from rankopt.config import EvalConfig
-from rankopt.console import bars_shown, progress
+from rankopt.console import bars_shown
 from rankopt.data.fast_transform import collate
 from rankopt.engine.distributed import gather_for_evaluation
+from rankopt.engine.logging import progress
 from rankopt.files import open_npy_atomic
-from rankopt.metrics import EvaluationResult, evaluate
+from rankopt.metrics import EvaluationResult, check_metrics, evaluate
 from rankopt.metrics.landmarks import revisited_map
 from rankopt.metrics.verification import all_pairs_tar_at_far, group_mean, parse_far_keys, verification_metrics
 from rankopt.postprocess import PostProcessing
+from rankopt.runtime import forward_chunk
 from rankopt.similarity import pairwise
 
 SEQUENCE, CATEGORY = "sequence", "category"  # per-item metadata keys: exclusion groups, query categories
@@ -94,7 +96,10 @@ def embed_dataset(model: torch.nn.Module, dataset: Dataset, *, batch_size: int =
     ``batch_transform``: applied to each ``(B, 3, H, W)`` batch on ``device`` (datasets built without a transform).
     ``embedding_transform``: applied to each batch's ``(B, D)`` embeddings before they are stored (row-wise,
     e.g. a whitening). The output ``(N, D)`` is allocated once the first batch gives ``D`` and filled in
-    place, so memory holds one batch of images and the embeddings once. ``out``: the embeddings are written
+    place, so memory holds one batch of images and the embeddings once. On CPU each batch goes through
+    ``model`` in chunks of :func:`rankopt.runtime.forward_chunk` images (sized on the first batch), so its
+    activations stay in the memory the process keeps; the embeddings are those of whole batches (per-image
+    model in eval mode). ``out``: the embeddings are written
     straight into that ``.npy`` file (memory-mapped, moved into place when complete,
     :func:`rankopt.files.open_npy_atomic`) and the returned split's embeddings are that memory map. Under
     ``torch.distributed`` the shards are gathered in memory and rank 0 writes ``out``.
@@ -108,18 +113,21 @@ def embed_dataset(model: torch.nn.Module, dataset: Dataset, *, batch_size: int =
     model.eval()
     local: torch.Tensor | None = None  # (N_local, D), allocated when the first batch gives D
     filled = 0
+    chunk = 0  # images per forward, sized on the first batch
     with contextlib.ExitStack() as files:
         def allocate(dim: int) -> torch.Tensor:
             if out is not None and world == 1:
                 return torch.from_numpy(files.enter_context(open_npy_atomic(out, (len(shard), dim), np.float32)))
             return torch.empty((len(shard), dim), device=device if world > 1 else "cpu")  # gathered on device
 
-        for batch in progress(loader, desc=desc, enabled=show_progress and rank == 0):
+        for batch in progress(loader, desc=desc, enabled=show_progress and rank == 0,
+                              count=lambda batch: len(batch["image"])):
             images = batch["image"].to(device, non_blocking=True)
             if batch_transform is not None:
                 images = batch_transform(images)
             with autocast_context(device, amp):
-                embeddings = model(images).float()
+                chunk = chunk or forward_chunk(model, images)
+                embeddings = torch.cat([model(piece).float() for piece in images.split(chunk)])
             if embedding_transform is not None:
                 embeddings = embedding_transform(embeddings)
             if local is None:
@@ -273,6 +281,21 @@ def score(splits: Sequence[EmbeddedSplit], cfg: EvalConfig, *, device: torch.dev
     return result
 
 
+def label_levels(dataset: Dataset) -> int:
+    """The number of label levels (columns) of ``dataset``, read from its labels (no image is decoded)."""
+    labels = np.asarray(dataset.labels)  # type: ignore[attr-defined]
+    return 1 if labels.ndim < 2 else int(labels.shape[1])
+
+
+def check_eval_metrics(datasets: Mapping[str, Dataset], metrics: Sequence[str], source: str = "eval.metrics") -> None:
+    """Check ``metrics`` (named by ``source`` in errors) against the splits to score, before embedding them: every
+    name parses and every ``ap@level{c}`` has its label column (:func:`rankopt.metrics.check_metrics`). The
+    Revisited Oxford/Paris protocol (a query split with ``ground_truth``) scores its own metrics: names only."""
+    first = next(iter(datasets.values()), None)
+    revisited = first is None or "ground_truth" in (getattr(first, "metadata", None) or {})
+    check_metrics(metrics, None if revisited else label_levels(first), source=source)
+
+
 def evaluate_model(model: torch.nn.Module, datasets: Mapping[str, Dataset], cfg: EvalConfig, *,
                    device: torch.device | str = "cpu", num_workers: int = 0, amp: str = "none",
                    show_progress: bool = True, metrics: Sequence[str] | None = None,
@@ -281,7 +304,9 @@ def evaluate_model(model: torch.nn.Module, datasets: Mapping[str, Dataset], cfg:
     """Embed each split of ``datasets`` (ordered: self-retrieval split, or query then gallery) and score them.
 
     ``postprocessing``: the model embeds at its scales; the returned splits are whitened; DBA/αQE act
-    in :func:`score` only."""
+    in :func:`score` only. The metrics are checked against the splits' label levels before anything is
+    embedded (:func:`check_eval_metrics`)."""
+    check_eval_metrics(datasets, metrics or cfg.metrics, "metrics" if metrics else "eval.metrics")
     post = postprocessing or PostProcessing()
     embedder = post.wrap_model(model)
     splits = [embed_dataset(embedder, ds, batch_size=cfg.batch_size, device=device, num_workers=num_workers,

@@ -1,15 +1,23 @@
-"""Run logs: metrics history as CSV + JSON, TensorBoard when installed (console output: :mod:`rankopt.console`)."""
+"""Run logs: metrics history as CSV + JSON, TensorBoard when installed, and progress that a log file shows
+(:func:`progress`; console output: :mod:`rankopt.console`)."""
 
 from __future__ import annotations
 
 import csv
 import io
 import json
-from collections.abc import Iterable, Mapping
+import sys
+import time
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from datetime import timedelta
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO, TypeVar
 
+from rankopt import console
 from rankopt.files import write_text_atomic
+
+T = TypeVar("T")
+PROGRESS_EVERY = 10.0  # seconds between plain progress lines
 
 METRICS_CSV = "metrics.csv"
 METRICS_JSON = "metrics.json"
@@ -63,3 +71,44 @@ class RunLogger:
     def close(self) -> None:
         if self._writer is not None:
             self._writer.close()
+
+
+def progress(iterable: Iterable[T], *, desc: str, total: int | None = None, enabled: bool = True,
+             count: Callable[[T], int] | None = None, every: float | None = None,
+             stream: TextIO | None = None) -> Iterable[T]:
+    """Progress over ``iterable``: a live bar on a terminal (:func:`rankopt.console.progress`); elsewhere (a log
+    file, a pipe, CI) a plain line every ``every`` seconds (default :data:`PROGRESS_EVERY`),
+    ``desc: step i/N, R images/s, ETA h:mm:ss, h:mm:ss elapsed``, on ``stream`` (default: stderr, where the bar
+    would be, so a command's output on stdout stays clean), and a last one when the loop ends if any was printed.
+    ``count(item)``: the images in an item (without it, rates in steps/s). ``total``: default ``len(iterable)``."""
+    if not enabled:
+        return iterable
+    if console.bars_shown():
+        return console.progress(iterable, desc=desc, total=total)
+    if total is None and hasattr(iterable, "__len__"):
+        total = len(iterable)  # type: ignore[arg-type]
+    return _lines(iterable, desc, total, count, PROGRESS_EVERY if every is None else every, stream)
+
+
+def _lines(iterable: Iterable[T], desc: str, total: int | None, count: Callable[[T], int] | None, every: float,
+           stream: TextIO | None) -> Iterator[T]:
+    start = last = time.monotonic()
+    steps = images = 0
+    printed = False
+
+    def line(now: float) -> str:
+        elapsed = max(now - start, 1e-9)
+        rate = f"{images / elapsed:.1f} images/s" if count is not None else f"{steps / elapsed:.2f} steps/s"
+        left = f", ETA {timedelta(seconds=round(elapsed / steps * (total - steps)))}" if total else ""
+        return f"{desc}: step {steps}/{total or '?'}, {rate}{left}, {timedelta(seconds=round(elapsed))} elapsed"
+
+    for item in iterable:
+        yield item
+        steps += 1
+        images += count(item) if count is not None else 0
+        now = time.monotonic()
+        if now - last >= every:
+            print(line(now), file=stream or sys.stderr, flush=True)
+            last, printed = now, True
+    if printed:
+        print(line(time.monotonic()) + " (done)", file=stream or sys.stderr, flush=True)

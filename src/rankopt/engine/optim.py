@@ -13,9 +13,8 @@ from rankopt.config import OptimConfig, OptimizerConfig, ScheduleConfig
 
 def build_optimizer(params: Iterable[torch.nn.Parameter] | list[dict], cfg: OptimizerConfig) -> torch.optim.Optimizer:
     """``adam`` / ``adamw`` / ``sgd`` over ``params`` (tensors or parameter groups) with ``cfg``'s hyper-parameters.
-    Adam and AdamW over CPU parameters take torch's fused kernel: one pass for all tensors (measured: 1.8 ms against
-    11.3 ms per step for the 66 trainable tensors of the Caltech-101 recipe's MobileNetV2), the same update up to
-    float rounding."""
+    Adam and AdamW over CPU parameters take torch's fused kernel: one pass for all tensors instead of a loop over
+    them (measured: benchmarks/results/train.md), the same update up to float rounding."""
     params = list(params)
     if cfg.name == "sgd":
         return torch.optim.SGD(params, lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay,

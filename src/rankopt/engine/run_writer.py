@@ -75,7 +75,7 @@ def write_retrieval(run_dir: Path, splits: Sequence[EmbeddedSplit], similarity: 
                     top_k: int = RETRIEVAL_TOP_K) -> Path:
     """``retrieval.npz``: every query's exact top-``k`` (``rankopt.viz.retrieval_neighbours``) with the
     paths and labels of queries and gallery; no pickled objects (``np.load(allow_pickle=False)``)."""
-    from rankopt.viz import retrieval_neighbours  # matplotlib (~1.5 s): only when a run folder is finished
+    from rankopt.viz import retrieval_neighbours  # matplotlib (slow import): only when a run folder is finished
 
     query = splits[0]
     ref = splits[1] if len(splits) == 2 else None
@@ -96,7 +96,7 @@ def write_split_figures(run_dir: Path, splits: Sequence[EmbeddedSplit], cfg: Any
                         history: Sequence[Mapping[str, Any]] | None = None,
                         level_names: Sequence[str] | None = None) -> list[Path]:
     """``rankopt.viz.write_figures`` of the embedded evaluation split(s) into ``run_dir/figures``."""
-    from rankopt.viz import write_figures  # matplotlib (~1.5 s): only when figures are drawn
+    from rankopt.viz import write_figures  # matplotlib (slow import): only when figures are drawn
 
     query = splits[0]
     ref = splits[1] if len(splits) == 2 else None
@@ -111,7 +111,7 @@ def write_split_figures(run_dir: Path, splits: Sequence[EmbeddedSplit], cfg: Any
 def write_html_report(run_dir: Path) -> Path | None:
     """``report.html`` via ``rankopt.report.write_run_report``; a failure is reported, never fatal to the run."""
     try:
-        from rankopt.report import write_run_report  # matplotlib (~1.5 s): only when report.html is written
+        from rankopt.report import write_run_report  # matplotlib (slow import): only when report.html is written
 
         return write_run_report(run_dir)
     except Exception as err:  # noqa: BLE001 - the run's results are already saved

@@ -42,21 +42,23 @@ from torch.utils.data import DataLoader
 
 from rankopt.checks import check_finite_scalar
 from rankopt.config import ExperimentConfig, config_to_dict, save_config
-from rankopt.console import echo, format_table, progress
+from rankopt.console import echo, format_table
 from rankopt.data.fast_transform import collate
 from rankopt.describe import machine_info, model_info
-from rankopt.engine import checkpoint as ckpt, multistage, run_writer
+from rankopt.engine import checkpoint as ckpt, loggers, multistage, run_writer
 from rankopt.engine.assembly import (adopt_init_model, build_datasets, build_loss, build_model, build_sampler,
                                      build_transforms, resolve_device, seed_everything)
 from rankopt.engine.diagnostics import DIAGNOSTICS
 from rankopt.engine.distributed import DistributedLoss, average_gradients, init_distributed
-from rankopt.engine.embed_and_score import EmbeddedSplit, autocast_context, embed_dataset, evaluate_model
-from rankopt.engine.logging import RunLogger, write_csv_atomic
+from rankopt.engine.embed_and_score import (EmbeddedSplit, autocast_context, check_eval_metrics, embed_dataset,
+                                            evaluate_model)
+from rankopt.engine.logging import RunLogger, progress, write_csv_atomic
 from rankopt.engine.memory import CrossBatchMemory
 from rankopt.engine.optim import build_optimizer, build_scheduler, loss_param_groups, model_param_groups
 from rankopt.engine.warm_start import init_loss_class_means, init_projection_pca
 from rankopt.losses import terms
 from rankopt.rank.differences import difference_summary, score_differences
+from rankopt.runtime import resolve_auto
 
 _MAX_PATHS_SHOWN = 8
 STEPS_CSV = "steps.csv"
@@ -113,6 +115,7 @@ class Trainer:
         stamp = datetime.now(timezone.utc).strftime("%Y%m%d-%H%M%S")
         self.run_dir = Path(run_dir or cfg.output.dir or Path("runs") / f"{cfg.name}-{stamp}")
         resume_path = ckpt.resolve_resume(cfg.train.resume, self.run_dir) if cfg.train.resume else None
+        self.trackers = loggers.ExperimentLoggers(cfg.output, resumed=resume_path is not None, enabled=self.is_main)
         seed_everything(cfg.train.seed + self.rank)
         self.show = cfg.output.progress and self.is_main
         for note in init_notes if self.is_main else ():
@@ -121,6 +124,7 @@ class Trainer:
             echo(RANDOM_PHOTO_HINT)
 
         self.train_ds, self.eval_ds = build_datasets(cfg)
+        check_eval_metrics(self.eval_ds, cfg.eval.metrics)  # before any image is read
         self.batch_transforms = build_transforms(cfg) if cfg.data.batch_transform else (None, None)
         labels = np.asarray(self.train_ds.labels)
         self.sampler = build_sampler(cfg, labels, rank=self.rank, world_size=self.world_size)
@@ -132,6 +136,9 @@ class Trainer:
                              f"with sampler {cfg.train.sampler!r}")
 
         self.model = build_model(cfg).to(self.device)
+        note = resolve_auto(cfg, self.model, self.device, self._training_sample)  # data.num_workers=auto, ...
+        if note and self.is_main:
+            echo(note)
         if cfg.model.pca_init_images > 0 and not cfg.train.resume:
             init_projection_pca(self.model, cfg, cfg.model.pca_init_images, self._test_transform(),
                                 self._embed_with_rank0_model, self.device)
@@ -181,7 +188,7 @@ class Trainer:
         self.train_seconds, self.images_seen = 0.0, 0
         self._diff_generator = torch.Generator().manual_seed(cfg.train.seed)
         self.best: dict[str, Any] = {"metric": cfg.train.best_metric, "value": None, "epoch": None}
-        self.logger = RunLogger(self.run_dir, tensorboard=cfg.output.tensorboard) if self.is_main else None
+        self.logger = RunLogger(self.run_dir, tensorboard=self.trackers.tensorboard) if self.is_main else None
         self.last_splits: list[EmbeddedSplit] = []
         self.last_by_category: dict[str, Any] = {}
         self._backbone_params = list(self.model.backbone_parameters())
@@ -189,6 +196,11 @@ class Trainer:
             self.load_state(ckpt.load_checkpoint(resume_path, map_location=self.device))
             if self.is_main:
                 echo(f"resumed from {resume_path} (epoch {self.epoch}, step {self.global_step})")
+
+    def _training_sample(self) -> torch.Tensor:
+        """Two training images as a batch on the device, augmented as in training (sizing ``auto`` values)."""
+        batch = collate([self.train_ds[i] for i in range(min(2, len(self.train_ds)))])["image"].to(self.device)
+        return batch if self.batch_transforms[0] is None else self.batch_transforms[0](batch)
 
     def _test_transform(self) -> Any:
         """The per-image test transform (``None`` with ``data.batch_transform``: batches are transformed)."""
@@ -357,7 +369,8 @@ class Trainer:
         self.train_model.train()
         remaining = self.steps_per_epoch - self.step_in_epoch
         bar = progress(itertools.islice(self._epoch_loader(), remaining), total=remaining,
-                       desc=f"epoch {self.epoch + 1}/{self.cfg.train.epochs}", enabled=self.show)
+                       desc=f"epoch {self.epoch + 1}/{self.cfg.train.epochs}", enabled=self.show,
+                       count=lambda batch: len(batch["image"]) * self.world_size)
         every = self.cfg.train.checkpoint_every_steps
         tick = time.perf_counter()
         for batch in bar:
@@ -365,6 +378,7 @@ class Trainer:
             now = time.perf_counter()  # training time includes loading the batch, not evaluation
             self.train_seconds += now - tick
             self.step_log[-1]["seconds"] = round(self.train_seconds, 4)
+            self.trackers.log_step(self.step_log[-1])
             tick = now
             self.loss_sum += value
             self.loss_count += 1
@@ -397,6 +411,7 @@ class Trainer:
         record = {"epoch": self.epoch, "step": self.global_step, "loss": loss, **lrs, **metrics}
         if self.logger is not None:
             self.logger.log(record)
+            self.trackers.log_evaluation(record)
         key = self.cfg.train.best_metric
         if key not in metrics:
             raise ValueError(f"train.best_metric={key!r} was not computed on "
@@ -414,6 +429,7 @@ class Trainer:
             self.run_dir.mkdir(parents=True, exist_ok=True)
             save_config(cfg, self.run_dir / "config.yaml")
             run_writer.write_run_info(self.run_dir, self.run_info, self.device)
+            self.trackers.start(self.run_dir, config_to_dict(cfg), self.run_info)
             run_writer.write_class_split(self.run_dir, self.train_ds)
             echo(f"run folder: {self.run_dir}")
         if self.global_step == 0 and not (self.logger and self.logger.history):
@@ -431,6 +447,7 @@ class Trainer:
                     echo(f"epoch {self.epoch}: loss={loss:.4f} {shown}")
             self.save(ckpt.LAST)
         report = self._report(time.perf_counter() - start)
+        self.trackers.finish()
         if self.logger is not None:
             self.logger.close()
         return report

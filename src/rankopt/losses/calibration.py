@@ -89,7 +89,7 @@ class _CompiledHinges(torch.autograd.Function):
     def forward(ctx, scores: torch.Tensor, levels: torch.Tensor, valid: torch.Tensor,  # type: ignore[override]
                 counts: torch.Tensor,
                 alpha: float, beta: float) -> torch.Tensor:
-        from rankopt.losses import _calibration_kernels as compiled  # noqa: PLC0415 - numba: 0.3-1.2 s import
+        from rankopt.losses import _calibration_kernels as compiled  # noqa: PLC0415 - numba: slow import
 
         data = [t.detach().contiguous() for t in (scores, levels, valid)]
         ctx.save_for_backward(*data, counts)
@@ -103,7 +103,7 @@ class _CompiledHinges(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad_out: torch.Tensor):  # type: ignore[override]
-        from rankopt.losses import _calibration_kernels as compiled  # noqa: PLC0415 - numba: 0.3-1.2 s import
+        from rankopt.losses import _calibration_kernels as compiled  # noqa: PLC0415 - numba: slow import
 
         scores, levels, valid, counts = ctx.saved_tensors
         weights = (grad_out.unsqueeze(1) / counts).contiguous()

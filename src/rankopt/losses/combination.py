@@ -23,6 +23,7 @@ from rankopt.losses.rank_loss import RankLoss
 from rankopt.losses.registry import LOSSES, PROXIES, register
 from rankopt.losses.sums import term_maps
 from rankopt.losses.terms import record, term_name
+from rankopt.rank.relevance_input import require_class_labels
 
 
 class ROD(nn.Module):
@@ -66,6 +67,7 @@ class ROD(nn.Module):
         ref_embeddings: torch.Tensor | None = None,
         ref_labels: torch.Tensor | None = None,
     ) -> torch.Tensor:
+        require_class_labels(labels, "a ROD combination (its decomposability term)")
         if self.shares_retrieval_set(ref_embeddings is not None):
             batch = self.rank_loss.retrieval_set(embeddings, labels, ref_embeddings, ref_labels)
             with torch.autocast(device_type=embeddings.device.type, enabled=False):

@@ -28,6 +28,7 @@ class HAPLoss(SupRankLoss):
     """
 
     hierarchical = True
+    accepts_relevance = True
 
     def __init__(self, *, alpha: float = 1.0, relevance: str = "hap", weights: Sequence[float] | None = None,
                  **kwargs) -> None:

@@ -23,6 +23,7 @@ class SupNDCGLoss(SupRankLoss):
     """
 
     hierarchical = True
+    accepts_relevance = True
 
     def __init__(self, *, gains: str | Sequence[float] = "exp", **kwargs) -> None:
         super().__init__(**kwargs)
@@ -32,7 +33,8 @@ class SupNDCGLoss(SupRankLoss):
                     num_levels: int) -> torch.Tensor:
         pivots, rank_plus, rank_minus = self.ranks(scores, levels, valid, num_levels)
         gain = ndcg_gains(pivots.levels, self.gains).to(scores.dtype) * pivots.present
-        dcg = (gain / torch.log2(1.0 + rank_plus + rank_minus)).sum(1)
+        # padding divides by log2(2) = 1: its ranks may be ~0, and 0 / log2(1) is a NaN (float32)
+        dcg = (gain / torch.log2(torch.where(pivots.present, 1.0 + rank_plus + rank_minus, 2.0))).sum(1)
         ideal_rank = torch.arange(2, gain.shape[1] + 2, dtype=scores.dtype, device=scores.device)
         idcg = (gain.sort(dim=1, descending=True).values / torch.log2(ideal_rank)).sum(1)
         return 1.0 - dcg / idcg.clamp(min=torch.finfo(idcg.dtype).tiny)

@@ -26,6 +26,7 @@ from torch import nn
 from rankopt import checks
 from rankopt import similarity as sim
 from rankopt.labels import same_class, self_mask
+from rankopt.rank.relevance_input import Relevance, require_class_labels
 from rankopt.rank.surrogates import row_counts
 
 DEFAULT_MAX_ELEMENTS = 1 << 24
@@ -186,12 +187,17 @@ class RankLoss(nn.Module):
     * Flat losses (``hierarchical = False``) use label column 0 (finest level).
     * Queries without a positive are excluded from the mean and counted in
       ``last_num_queries_without_positive``.
+    * ``labels`` may instead be a :class:`~rankopt.rank.Relevance` of ``B x M`` (each batch query against the
+      retrieval set: the batch followed by the reference set, ``ref_labels=None``) for the losses with
+      ``accepts_relevance``: its grades are the levels (flat losses: ``grade > 0`` is positive).
     """
 
     accepts_reference: bool = True
     """Whether a memory bank / other ranks' embeddings may be passed as the reference set."""
     hierarchical: bool = False
     """Whether 2-D labels are used as a hierarchy (else column 0 only)."""
+    accepts_relevance: bool = False
+    """Whether a :class:`~rankopt.rank.Relevance` may replace the labels (multi-label items, a grade matrix)."""
 
     def __init__(
         self,
@@ -210,8 +216,8 @@ class RankLoss(nn.Module):
         self.max_elements = int(max_elements)
         self.last_num_queries_without_positive = 0
 
-    def forward(self, embeddings: torch.Tensor, labels: torch.Tensor, ref_embeddings: torch.Tensor | None = None,
-                ref_labels: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(self, embeddings: torch.Tensor, labels: torch.Tensor | Relevance,
+                ref_embeddings: torch.Tensor | None = None, ref_labels: torch.Tensor | None = None) -> torch.Tensor:
         batch = self.retrieval_set(embeddings, labels, ref_embeddings, ref_labels)
         with torch.autocast(device_type=embeddings.device.type, enabled=False):
             return self.compute(batch)
@@ -221,22 +227,31 @@ class RankLoss(nn.Module):
         """Check the inputs (``rankopt.checks``); return ``(N, L)`` int64 labels and ref labels
         (column 0 only unless ``hierarchical``)."""
         checks.check_embeddings(embeddings, "embeddings", min_rows=2)
-        labels = checks.check_labels(labels, embeddings.shape[0], "labels")
+        if isinstance(labels, Relevance):
+            if not self.accepts_relevance:
+                require_class_labels(labels, type(self).__name__)
+            if ref_labels is not None:
+                raise ValueError("with a Relevance as labels, ref_labels must be None: the Relevance covers the batch "
+                                 "followed by the reference set")
+            labels = torch.zeros(embeddings.shape[0], 0, dtype=torch.long, device=embeddings.device)
+        else:
+            labels = checks.check_labels(labels, embeddings.shape[0], "labels")
         if ref_labels is not None and ref_embeddings is None:
             raise ValueError("ref_labels given without ref_embeddings")
         if ref_embeddings is not None:
-            if ref_labels is None:
+            if ref_labels is None and labels.shape[1]:
                 raise ValueError("ref_embeddings given without ref_labels")
             if not self.accepts_reference:
                 raise ValueError(f"{type(self).__name__} does not accept a reference set (ref_embeddings)")
             checks.check_embeddings(ref_embeddings, "ref_embeddings")
-            ref_labels = checks.check_labels(ref_labels, ref_embeddings.shape[0], "ref_labels")
             if ref_embeddings.shape[1] != embeddings.shape[1]:
                 raise ValueError(f"ref_embeddings have dimension {ref_embeddings.shape[1]} but embeddings have "
                                  f"{embeddings.shape[1]}")
-            if ref_labels.shape[1] != labels.shape[1]:
-                raise ValueError(f"ref_labels have {ref_labels.shape[1]} levels but labels have {labels.shape[1]}")
-            ref_labels = ref_labels.to(labels.device)
+            if ref_labels is not None:
+                ref_labels = checks.check_labels(ref_labels, ref_embeddings.shape[0], "ref_labels")
+                if ref_labels.shape[1] != labels.shape[1]:
+                    raise ValueError(f"ref_labels have {ref_labels.shape[1]} levels but labels have {labels.shape[1]}")
+                ref_labels = ref_labels.to(labels.device)
         if not self.hierarchical:
             labels = labels[:, :1]
             ref_labels = None if ref_labels is None else ref_labels[:, :1]
@@ -245,11 +260,12 @@ class RankLoss(nn.Module):
     def retrieval_set(
         self,
         embeddings: torch.Tensor,
-        labels: torch.Tensor,
+        labels: torch.Tensor | Relevance,
         ref_embeddings: torch.Tensor | None = None,
         ref_labels: torch.Tensor | None = None,
     ) -> RetrievalSet:
         """Validate the inputs and build the :class:`RetrievalSet` (float32, autocast off)."""
+        given = labels if isinstance(labels, Relevance) else None
         labels, ref_labels = self.validate(embeddings, labels, ref_embeddings, ref_labels)
         with torch.autocast(device_type=embeddings.device.type, enabled=False):
             x = embeddings.to(compute_dtype(embeddings))
@@ -257,12 +273,15 @@ class RankLoss(nn.Module):
             item_labels = labels if ref_labels is None else torch.cat([labels, ref_labels])
             r = sim.prepare(items, self.similarity)
             scores = sim.pairwise(r[: x.shape[0]], r, self.similarity, prepared=True)
-        levels = self._levels(labels, item_labels)
+        if given is None:
+            levels, num_levels = self._levels(labels, item_labels), labels.shape[1]
+        else:
+            levels, num_levels = self._given_levels(given, x.shape[0], items.shape[0], x.device)
         if self.include_self:
             valid = torch.ones_like(levels, dtype=torch.bool)
         else:
             valid = ~self_mask(x.shape[0], items.shape[0], 0, device=x.device)
-        return RetrievalSet(scores, levels, valid, labels.shape[1], x, labels)
+        return RetrievalSet(scores, levels, valid, num_levels, x, labels)
 
     def _levels(self, labels: torch.Tensor, item_labels: torch.Tensor) -> torch.Tensor:
         """Shared levels ``l_ij = #{c : labels[i, c] = item_labels[j, c]}`` (:func:`rankopt.labels.relevance_levels`)
@@ -271,6 +290,19 @@ class RankLoss(nn.Module):
         for column in range(1, labels.shape[1]):
             levels += labels[:, column : column + 1] == item_labels[:, column]
         return levels
+
+    def _given_levels(self, relevance: Relevance, batch_size: int, num_items: int,
+                      device: torch.device) -> tuple[torch.Tensor, int]:
+        """``(levels, L)``: the grades of the ``B x M`` relevance as int8 levels, ``L = G`` (flat losses: ``grade > 0``,
+        ``L = 1``)."""
+        relevance.check_shape(batch_size, num_items, "the batch x its retrieval set (the batch, then ref_embeddings)")
+        grades = relevance.block(slice(None), slice(None)).to(device)
+        if not self.hierarchical:
+            return (grades > 0).to(torch.int8), 1
+        if relevance.grades > torch.iinfo(torch.int8).max:
+            raise ValueError(f"a rank loss takes at most {torch.iinfo(torch.int8).max} relevance grades, got "
+                             f"{relevance.grades}")
+        return grades.to(torch.int8), relevance.grades
 
     def compute(self, batch: RetrievalSet) -> torch.Tensor:
         """The loss on a validated float32 :class:`RetrievalSet` (a scalar).

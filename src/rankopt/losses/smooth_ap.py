@@ -21,6 +21,8 @@ class SmoothAPLoss(RankLoss):
     retrieval set (the reference code counts them, ``include_self=True``).
     """
 
+    accepts_relevance = True
+
     def __init__(self, *, tau: float = 0.01, **kwargs) -> None:
         super().__init__(**kwargs)
         if tau <= 0:

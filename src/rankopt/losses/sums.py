@@ -21,6 +21,7 @@ import torch
 from torch import nn
 
 from rankopt.losses.terms import record, scope
+from rankopt.rank.relevance_input import require_class_labels
 
 SEPARATOR = "+"
 
@@ -88,6 +89,7 @@ class LossSum(nn.Module):
 
     def forward(self, embeddings: torch.Tensor, labels: torch.Tensor, ref_embeddings: torch.Tensor | None = None,
                 ref_labels: torch.Tensor | None = None) -> torch.Tensor:
+        require_class_labels(labels, "a sum of losses")
         total = embeddings.new_zeros((), dtype=torch.promote_types(embeddings.dtype, torch.float32))
         for name, weight, loss in zip(self.names, self.weights, self.terms):
             with scope(name):

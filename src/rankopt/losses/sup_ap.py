@@ -55,6 +55,8 @@ class SupAPLoss(SupRankLoss):
     an upper bound of ``1 - AP`` (``H^- >= H``). Uses label column 0.
     """
 
+    accepts_relevance = True
+
     def query_terms(self, scores: torch.Tensor, levels: torch.Tensor, valid: torch.Tensor,
                     num_levels: int) -> torch.Tensor:
         pivots, rank_plus, rank_minus = self.ranks(scores, levels, valid, num_levels)

@@ -9,14 +9,12 @@ from rankopt.metrics.evaluation import (
     ALL_METRICS,
     DEFAULT_HIERARCHICAL_METRICS,
     DEFAULT_METRICS,
-    METRICS,
     EvaluationResult,
-    MetricSpec,
     evaluate,
-    parse_metric,
 )
 from rankopt.metrics.gap import DecomposabilityGap, decomposability_gap
 from rankopt.metrics.landmarks import revisited_map
+from rankopt.metrics.names import METRICS, MetricSpec, check_metrics, parse_metric
 from rankopt.metrics.verification import (
     DEFAULT_FARS,
     group_mean,
@@ -35,6 +33,7 @@ __all__ = [
     "DecomposabilityGap",
     "EvaluationResult",
     "MetricSpec",
+    "check_metrics",
     "decomposability_gap",
     "evaluate",
     "group_mean",

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import torch
 
+from rankopt import kernels
 from rankopt.checks import check_embeddings, check_labels
+from rankopt.rank.relevance_input import Relevance
 
 
 def check_inputs(
@@ -97,3 +99,30 @@ def check_ref_block_size(ref_block_size: int, hierarchical: list[str], backend: 
         raise ValueError("ref_block_size needs backend='torch' (faiss holds the whole gallery in its index)")
     if hierarchical:
         raise ValueError(f"metrics {hierarchical} need whole rows; evaluate without ref_block_size (--ref-block-size)")
+
+
+def check_relevance_inputs(
+    query_embeddings: torch.Tensor, query_labels: object, ref_embeddings: torch.Tensor | None, ref_labels: object,
+    relevance: object, *, method: str, backend: str, ref_block_size: int | None,
+) -> tuple[torch.Tensor, torch.Tensor, Relevance]:
+    """``(query, ref, relevance)`` checked for ``evaluate(..., relevance=...)``: no labels beside it, a
+    :class:`Relevance` of ``Q x R`` (``Q x Q`` in self-retrieval), the chunked torch path only."""
+    if not isinstance(relevance, Relevance):
+        raise TypeError(f"relevance must be a rankopt.rank.Relevance (Relevance.multilabel, .matrix, .function, "
+                        f".labels), got {type(relevance).__name__}")
+    if query_labels is not None or ref_labels is not None:
+        raise ValueError("give either labels or relevance=...: pass query_labels=None (and no ref_labels) with it")
+    query = check_embeddings(query_embeddings, "query_embeddings")
+    ref = query if ref_embeddings is None else check_embeddings(ref_embeddings, "ref_embeddings")
+    if ref.shape[1] != query.shape[1]:
+        raise ValueError(f"query_embeddings have {query.shape[1]} dimensions but ref_embeddings have {ref.shape[1]}")
+    if ref_embeddings is None and query.shape[0] < 2:
+        raise ValueError("query_embeddings has 1 row: with the query set as gallery, each query needs another item")
+    relevance.check_shape(query.shape[0], ref.shape[0], "the queries x the gallery (query_embeddings x "
+                          + ("query_embeddings)" if ref_embeddings is None else "ref_embeddings)"))
+    refused = [why for bad, why in ((kernels.check(method) == "compiled", f"method={method!r} (use 'auto' or 'reference')"),
+                                    (backend != "torch", f"backend={backend!r}"),
+                                    (ref_block_size is not None, "ref_block_size")) if bad]
+    if refused:
+        raise ValueError(f"relevance=... is evaluated by the exact chunked torch path only; remove {', '.join(refused)}")
+    return query, ref, relevance

@@ -36,7 +36,6 @@ Conventions (see the metric modules for the formulas):
 from __future__ import annotations
 
 import math
-import re
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 
@@ -44,12 +43,14 @@ import torch
 from tqdm.auto import tqdm
 
 from rankopt.metrics.binary import from_positive_ranks, sorted_positive_scores, topk_metrics
+from rankopt.metrics.given_relevance import GivenRelevance
 from rankopt.metrics.groups import CategoryTotals, ExclusionGroups, category_codes
 from rankopt.metrics.hierarchical import LevelIndex, RankedLevels, hierarchical_metrics
 from rankopt.metrics.ranking import ClassIndex, count_at_least, count_below, list_ranks, sorted_rows
 from rankopt import kernels
 from rankopt.kernels import TILED_MIN_SCORES
 from rankopt.metrics import arguments, tiled
+from rankopt.metrics.names import MetricSpec, check_levels, parse_metric
 from rankopt.threads import ThreadPool
 from rankopt.metrics.topk import (
     CHUNK_BUDGET_BYTES,
@@ -60,7 +61,7 @@ from rankopt.metrics.topk import (
     ref_block_scores,
     self_topk,
 )
-from rankopt.registries import Registry
+from rankopt.rank.relevance_input import Relevance
 from rankopt.similarity import SIMILARITIES, prepare
 
 DEFAULT_METRICS = ("recall@1", "recall@10", "map@r", "map")
@@ -70,48 +71,8 @@ ALL_METRICS = ("recall@1", "recall@10", "recall@100", "true_recall@10", "precisi
 OPTIONS = ("alpha", "weights", "gains")
 MAX_COUNTED_POSITIVES = 32  # above this many positives in a chunk, map/mrr sort the chunk instead
 COUNTED_TOPK_POSITIVES = 16  # tiled kernels, top-k metrics alone: counted ranks up to this many positives per query,
-                             # heaps above (measured crossover)
+                             # heaps above (the faster beyond it; measured: benchmarks/results/metrics.md)
 SELF_BLOCK = 4096  # tile size of the symmetric self-retrieval top-k
-
-
-@dataclass(frozen=True)
-class MetricSpec:
-    """A parsed metric name: ``family`` (e.g. ``recall``), cut-off or level ``k``, and its ``kind``."""
-
-    name: str
-    family: str
-    k: int
-    kind: str  # "topk", "full" (binary, whole ranking) or "hierarchical"
-
-
-METRICS: Registry[MetricSpec] = Registry("metric")
-_KINDS = {
-    "recall": "topk", "precision": "topk", "true_recall": "topk", "map@r": "topk", "map@k": "topk",
-    "map": "full", "mrr": "full",
-    "h-ap": "hierarchical", "sum_wap": "hierarchical", "asi": "hierarchical", "ndcg": "hierarchical",
-    "ap@level": "hierarchical",
-}  # fmt: skip
-for _family, _kind in _KINDS.items():
-    METRICS.register(_family)(lambda name, k=0, _f=_family, _k=_kind: MetricSpec(name, _f, k, _k))
-
-_PATTERN = re.compile(r"^(recall|precision|true_recall|map)@(\d+)$|^ap@level(\d+)$")
-
-
-def parse_metric(name: str) -> MetricSpec:
-    """``recall@10`` -> ``MetricSpec("recall@10", "recall", 10, "topk")``; unknown names raise ``KeyError``."""
-    key = name.strip().lower()
-    match = _PATTERN.match(key)
-    if match and match.group(3) is not None:
-        return METRICS.build("ap@level", name=key, k=int(match.group(3)))
-    if match:
-        family, k = match.group(1), int(match.group(2))
-        if k < 1:
-            raise ValueError(f"metric {name!r}: the cut-off must be >= 1")
-        return METRICS.build("map@k" if family == "map" else family, name=key, k=k)
-    if ("@" in key and key != "map@r") or key in ("recall", "precision", "true_recall", "map@k", "ap@level"):
-        raise KeyError(f"unknown metric {name!r}; use recall@K, true_recall@K, precision@K, map@K, ap@level{{c}} or "
-                       f"one of {', '.join(METRICS.names())}")
-    return METRICS.build(key, name=key)
 
 
 @dataclass
@@ -151,7 +112,7 @@ class EvaluationResult:
 
 def evaluate(
     query_embeddings: torch.Tensor,
-    query_labels: torch.Tensor,
+    query_labels: torch.Tensor | None,
     ref_embeddings: torch.Tensor | None = None,
     ref_labels: torch.Tensor | None = None,
     *,
@@ -167,6 +128,7 @@ def evaluate(
     query_groups: torch.Tensor | None = None,
     ref_groups: torch.Tensor | None = None,
     query_categories: Sequence[object] | None = None,
+    relevance: Relevance | None = None,
     **options: object,
 ) -> EvaluationResult:
     """Exact retrieval metrics (names: ``recall@K``, ``true_recall@K``, ``precision@K``, ``map@r``,
@@ -206,8 +168,21 @@ def evaluate(
     ``map``/``mrr`` with classes of at most :data:`MAX_COUNTED_POSITIVES` items); ``"reference"`` sorts or selects
     per query chunk with torch; ``"auto"`` takes the tiled kernels where they apply and the work reaches
     :data:`~rankopt.kernels.TILED_MIN_SCORES` pairs. Both give the same values.
+
+    ``relevance`` (with ``query_labels=None``, no ``ref_labels``): a :class:`~rankopt.rank.Relevance`, ``Q x R``
+    (``Q x Q`` in self-retrieval): multi-label items (``Relevance.multilabel``), a dense or sparse grade matrix
+    (``Relevance.matrix``) or a function (``Relevance.function``). Binary metrics take grade ``> 0`` as positive
+    (``map@r``: ``R`` = number of relevant items), graded ones (``h-ap``, ``ndcg``, ...) the grade as the level,
+    ``L = G`` (:mod:`rankopt.metrics.given_relevance`). The fast paths (compiled tiles, faiss, ``ref_block_size``)
+    read class labels: a relevance goes through the exact chunked reference path only.
     """
-    query, q_labels, ref, r_labels = arguments.check_inputs(query_embeddings, query_labels, ref_embeddings, ref_labels)
+    if relevance is None:
+        query, q_labels, ref, r_labels = arguments.check_inputs(query_embeddings, query_labels, ref_embeddings,
+                                                                ref_labels)
+    else:
+        query, ref, relevance = arguments.check_relevance_inputs(
+            query_embeddings, query_labels, ref_embeddings, ref_labels, relevance, method=method, backend=backend,
+            ref_block_size=ref_block_size)
     unknown = sorted(set(options) - set(OPTIONS))
     if unknown:
         raise TypeError(f"unknown evaluate() option(s) {unknown}; known: {', '.join(OPTIONS)}")
@@ -215,12 +190,10 @@ def evaluate(
         raise ValueError(f"unknown similarity {similarity!r}; use one of {', '.join(SIMILARITIES)}")
     if backend not in ("torch", "faiss"):
         raise ValueError(f"unknown backend {backend!r}; use 'torch' or 'faiss'")
-    num_levels = q_labels.shape[1]
+    num_levels = q_labels.shape[1] if relevance is None else relevance.grades
     specs = [parse_metric(m)
              for m in (metrics or (DEFAULT_METRICS if num_levels == 1 else DEFAULT_HIERARCHICAL_METRICS))]
-    for spec in specs:
-        if spec.family == "ap@level" and spec.k >= num_levels:
-            raise ValueError(f"metric {spec.name!r}: labels have {num_levels} level(s), columns 0..{num_levels - 1}")
+    check_levels(specs, num_levels)
     if backend == "faiss" and any(s.kind != "topk" for s in specs):
         bad = [s.name for s in specs if s.kind != "topk"]
         raise ValueError(f"backend='faiss' serves top-k metrics only; use backend='torch' for {bad}")
@@ -239,8 +212,9 @@ def evaluate(
     if ref_block_size is None:  # otherwise each block is moved on its own
         query = query.to(dev, dtype)
         ref = query if self_retrieval else ref.to(dev, dtype)
-    q_labels = q_labels.to(dev)
-    r_labels = q_labels if self_retrieval else r_labels.to(dev)
+    if relevance is None:
+        q_labels = q_labels.to(dev)
+        r_labels = q_labels if self_retrieval else r_labels.to(dev)
     if chunk_size is not None and chunk_size < 1:
         raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
     if query_ref_index is not None:
@@ -249,7 +223,8 @@ def evaluate(
         own = torch.arange(query.shape[0], device=dev) if self_retrieval else None
     if groups is not None:
         groups = ExclusionGroups(groups[0].to(dev), groups[1].to(dev))
-    ctx = _Context(specs, q_labels, r_labels, own, self_retrieval, options, groups)
+    ctx = (_Context(specs, q_labels, r_labels, own, self_retrieval, options, groups) if relevance is None
+           else GivenRelevance(specs, relevance, own, groups, options))
     if ref_block_size is not None and ctx.full_binary and int(ctx.num_pos.max()) > MAX_COUNTED_POSITIVES:
         raise ValueError(
             f"map/mrr under ref_block_size count at most {MAX_COUNTED_POSITIVES} positives per query, but a query has "
@@ -260,7 +235,9 @@ def evaluate(
     counts: dict[str, int] = {s.name: 0 for s in specs}
     totals = None if query_categories is None else CategoryTotals(*category_codes(query_categories, query.shape[0]),
                                                                   list(sums))
-    if ref_block_size is not None:
+    if isinstance(ctx, GivenRelevance):
+        per_chunk = ctx.chunks(query, None if self_retrieval else ref, similarity, chunk_size, progress)
+    elif ref_block_size is not None:
         per_chunk = _blocked_metrics(ctx, query, ref, similarity, chunk_size, ref_block_size, progress)
     else:
         per_chunk = _per_query_metrics(ctx, query, ref, similarity, chunk_size, backend, progress, method)

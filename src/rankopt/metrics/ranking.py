@@ -43,8 +43,8 @@ def count_at_least(scores: torch.Tensor, thresholds: torch.Tensor) -> torch.Tens
 
     One vectorised pass over the chunk per threshold column (``P`` is the number of
     positives of the largest class in the chunk; callers switch to a sort when it is large).
-    The comparison writes 0/1 floats into one reused buffer (an order of magnitude faster on
-    CPU than reducing a bool tensor); float sums of 0/1 are exact below 2^24 (float32) items.
+    The comparison writes 0/1 floats into one reused buffer (faster on CPU than reducing a bool
+    tensor; measured: benchmarks/results/metrics.md); float sums of 0/1 are exact below 2^24 (float32) items.
     """
     dtype = torch.float32 if scores.shape[1] < 2**24 else torch.float64
     buffer = torch.empty(scores.shape, dtype=dtype, device=scores.device)
@@ -57,7 +57,7 @@ def count_at_least(scores: torch.Tensor, thresholds: torch.Tensor) -> torch.Tens
 
 def sorted_rows(x: torch.Tensor) -> torch.Tensor:
     """Each row of ``(Q, R)`` ``x`` in increasing order, values only (numpy's vectorised sort on CPU,
-    about 20x ``torch.sort``'s there)."""
+    faster than ``torch.sort`` there; measured: benchmarks/results/metrics.md)."""
     if x.device.type != "cpu":
         return x.sort(dim=1).values
     return torch.from_numpy(np.sort(x.detach().numpy(), axis=1))

@@ -36,7 +36,8 @@ from rankopt.metrics.ranking import tie_ends
 from rankopt.threads import ThreadPool
 from rankopt.similarity import pairwise, prepare
 
-TILE = 2048  # rows and columns of a tile (measured fastest with top-k heaps, and for a separate gallery)
+TILE = 2048  # rows and columns of a tile (the fastest with top-k heaps and for a separate gallery;
+             # measured: benchmarks/results/metrics.md)
 SELF_COUNT_TILE = 1024  # self-retrieval without heaps: smaller diagonal tiles, half the products computed twice
 POSITIVE_RANGE = 8192  # most references in one query block's positive tile (separate gallery)
 
@@ -135,7 +136,7 @@ def tiled_search(
     to one thread (each pool thread computes its own rows of every product) and restored on return.
     ``tile``: default :data:`SELF_COUNT_TILE` in self-retrieval without heaps (``k = 0``), else :data:`TILE`.
     """
-    from rankopt.metrics import _tile_kernels as kernels  # noqa: PLC0415 - numba: 0.3 s import
+    from rankopt.metrics import _tile_kernels as kernels  # noqa: PLC0415 - numba: slow import
 
     tile = tile or (SELF_COUNT_TILE if ref is None and k == 0 else TILE)
     self_retrieval = ref is None
@@ -233,7 +234,7 @@ def _pair_counts(state: _State, pool: ThreadPool, blocks: list[tuple[int, int, i
     """Off-diagonal tiles of a symmetric product without heaps (``k = 0``): each thread computes its rows of
     every tile and counts for them and, into a ``(P, N)`` accumulator of its own, for the columns; the
     accumulators are added at the end."""
-    from rankopt.metrics import _tile_kernels as kernels  # noqa: PLC0415 - numba: 0.3 s import
+    from rankopt.metrics import _tile_kernels as kernels  # noqa: PLC0415 - numba: slow import
 
     num_items, width = state.counts.shape
     thresholds_t = state.thresholds.T.contiguous().numpy()
@@ -276,7 +277,7 @@ class _PairPass:
 
     def serve(self, scores: np.ndarray, rows: slice, cols: slice, product: Callable[[int, int], object]) -> None:
         """The tile ``scores`` of ``rows x cols``; ``product(lo, hi)`` computes its rows ``[lo, hi)``."""
-        from rankopt.metrics import _tile_kernels as kernels  # noqa: PLC0415 - numba: 0.3 s import
+        from rankopt.metrics import _tile_kernels as kernels  # noqa: PLC0415 - numba: slow import
 
         s, n = self.state, scores.shape[1]
         p = int(s.npos[cols].max()) if s.counts.shape[1] else 0

@@ -85,7 +85,8 @@ class _SurrogateSums(torch.autograd.Function):
     def forward(ctx, scores, pivot_scores, masks, tau: float, cap: float | None,  # type: ignore[override]
                 rho_tau: float, start: float, compiled: bool):
         scaled, pivots = scores / tau, pivot_scores / tau
-        # the masks are the left factor of every product: (G, M) x (M, P) is ~5x faster on CPU than (P, M) x (M, G)
+        # the masks are the left factor of every product: (G, M) x (M, P) is faster on CPU than (P, M) x (M, G)
+        # (measured: benchmarks/results/losses.md)
         weights = masks.to(scaled.dtype).contiguous()  # (C, G, M)
         ctx.save_for_backward(scaled, pivots, weights)
         ctx.tau, ctx.cap, ctx.rho_tau, ctx.compiled = tau, cap, rho_tau, compiled
@@ -143,7 +144,7 @@ def _run_compiled(name: str, scaled: torch.Tensor, pivots: torch.Tensor, weights
                   *rest) -> None:
     """Call kernel ``name`` of :mod:`rankopt.rank._surrogate_kernels` over the rows in ``torch.get_num_threads()``
     threads; tensors go as numpy views (outputs written in place), ``cap`` (``None``: inf) in the scores' dtype."""
-    from rankopt.rank import _surrogate_kernels as compiled  # noqa: PLC0415 - numba: 0.3 s import
+    from rankopt.rank import _surrogate_kernels as compiled  # noqa: PLC0415 - numba: slow import
 
     arrays = [t.detach().contiguous().numpy() for t in (scaled, pivots, weights)]
     arrays += [*compiled.exponentials(scaled.detach(), pivots.detach()),
@@ -157,7 +158,8 @@ def _run_compiled(name: str, scaled: torch.Tensor, pivots: torch.Tensor, weights
 def _blocks(scaled: torch.Tensor, pivots: torch.Tensor):
     """Yield ``(rows, u, buffer)`` over blocks of at most :data:`KERNEL_BLOCK` elements (at least one row):
     ``u = scaled[rows, None, :] - pivots[rows, :, None]`` written into one reused buffer, and a second
-    reused buffer of the same shape (float indicators: faster than bool ones on CPU)."""
+    reused buffer of the same shape (float indicators: faster than bool ones on CPU; measured:
+    benchmarks/results/losses.md)."""
     num_rows, num_pivots, width = pivots.shape[0], pivots.shape[1], scaled.shape[1]
     block = KERNEL_BLOCK if scaled.device.type == "cpu" else GPU_KERNEL_BLOCK
     step = max(1, min(num_rows, block // max(1, num_pivots * width)))
@@ -335,7 +337,7 @@ def level_step_sums(pivot_scores: torch.Tensor, pivot_levels: torch.Tensor, weig
         index = pivot_levels.long().reshape(num_rows, -1, 1, 1).expand(-1, -1, num_levels, weights.shape[3])
         per_pivot = torch.gather(weights.to(counts), 1, index)  # (C, P, L, Q): the row of each pivot's level
         return (per_pivot * counts.unsqueeze(3)).sum(2)
-    from rankopt.rank import _step_kernels as compiled  # noqa: PLC0415 - numba: 0.3 s import
+    from rankopt.rank import _step_kernels as compiled  # noqa: PLC0415 - numba: slow import
 
     with torch.no_grad():
         bits = pivot_scores.contiguous().view(torch.int32).numpy()

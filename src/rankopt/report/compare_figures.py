@@ -73,7 +73,7 @@ def _grid_runs(c: Comparison, grid_seed: int | None, notes: list[str]) -> dict[s
 
 def _group_neighbours(label: str, r: _Retrieval, rows: list[int], k: int) -> GroupNeighbours:
     """The top-``k`` of query ``rows`` of one retrieval.npz, with the levels each result shares with its query."""
-    # torch (~2 s) and matplotlib (~1.5 s) only here: rankopt.report reads run folders without them
+    # torch and matplotlib (slow imports) only here: rankopt.report reads run folders without them
     import torch
 
     from rankopt.labels import relevance_levels
@@ -91,7 +91,7 @@ def retrieval_rows(c: Comparison, out_path: Path, *, num_queries: int, top_k: in
     """Draw the same ``num_queries`` query paths (drawn with ``query_seed`` among those every group's
     retrieval.npz holds; else among the first group's) for each group; returns the figure (None
     when no group has a retrieval.npz) and notes on the groups left out."""
-    from rankopt.viz.comparison import plot_retrieval_rows  # matplotlib (~1.5 s): only when the figure is drawn
+    from rankopt.viz.comparison import plot_retrieval_rows  # matplotlib (slow import): only when the figure is drawn
 
     notes: list[str] = []
     loaded: dict[str, tuple[RunRecord, _Retrieval]] = {}

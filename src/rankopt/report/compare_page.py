@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import math
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
+from rankopt.nested import flatten
 from rankopt.report.compare import MISSING, REPORT_JSON, RETRIEVAL_NPZ, Comparison, RunRecord, value_text
 from rankopt.report.compare_figures import main_metrics, retrieval_rows, synthetic_note
 from rankopt.report.compare_text import SIGNIFICANCE, best_in_bold, markdown_tables, p_text, unpaired_note, write_csv
@@ -18,19 +18,9 @@ from rankopt.report.stats import PairedDifference, Summary
 __all__ = ["write_comparison"]
 
 
-def _flatten(config: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for key, value in config.items():
-        if isinstance(value, Mapping) and value:
-            out.update(_flatten(value, f"{prefix}{key}."))
-        else:
-            out[f"{prefix}{key}"] = value
-    return out
-
-
 def _config_keys(runs: Sequence[RunRecord]) -> tuple[dict[str, str], list[str]]:
     """Dotted config keys with one value in every run (key -> value text), and those that differ."""
-    flat = [_flatten(r.config) for r in runs]
+    flat = [flatten(r.config) for r in runs]
     keys = list(dict.fromkeys(k for f in flat for k in f))
     texts = {k: {value_text(f.get(k, MISSING)) for f in flat} for k in keys}
     return ({k: next(iter(t)) for k, t in texts.items() if len(t) == 1}, [k for k, t in texts.items() if len(t) > 1])
@@ -144,7 +134,7 @@ def write_comparison(comparison: Comparison, out_dir: str | os.PathLike[str], *,
     ``figures/learning_curves.png``, ``figures/retrieval_rows.png`` (``grid_queries`` queries drawn with
     ``query_seed``, top ``grid_top_k`` of each group's first run, or of its run with ``train.seed =
     grid_seed``) and ``compare.html`` into ``out_dir``; returns the paths by name."""
-    from rankopt.viz.comparison import plot_learning_curves_by_group  # matplotlib (~1.5 s): only when drawn
+    from rankopt.viz.comparison import plot_learning_curves_by_group  # matplotlib (slow import): only when drawn
 
     c, out = comparison, Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)

@@ -47,7 +47,7 @@ def _soft_binning_step(num_bins: int, lo: float, hi: float) -> Callable[[np.ndar
     """Weight with which an item at ``s_j + d`` counts in the binned rank of a positive at
     ``s_j`` (``sum_m c_j(m) * sum_{m' <= m} c_k(m')``, the kernels of
     :func:`rankopt.losses.histogram_ap.soft_histograms`), averaged over ``s_j`` across one bin."""
-    # torch (~2 s) only here: rankopt.report reads run folders without importing it
+    # torch (slow import) only here: rankopt.report reads run folders without importing it
     import torch
 
     from rankopt.losses.histogram_ap import soft_histograms
@@ -72,7 +72,7 @@ def _soft_binning_step(num_bins: int, lo: float, hi: float) -> Callable[[np.ndar
 def surrogates_for(name: str, kwargs: Mapping[str, Any]) -> SurrogateSpec:
     """The surrogate of the step function used by loss ``name`` with ``kwargs``; defaults
     are read from the signatures of the loss classes (rankopt.losses)."""
-    # torch (~2 s) and matplotlib (~1.5 s) only here: rankopt.report reads run folders without them
+    # torch and matplotlib (slow imports) only here: rankopt.report reads run folders without them
     import torch
 
     from rankopt import losses

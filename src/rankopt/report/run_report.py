@@ -88,7 +88,7 @@ def _figure_or_note(figs: _Figures, name: str, caption: str, missing: str) -> st
 
 def _training_section(run: RunFolder, figs: _Figures) -> str | None:
     """Loss terms, learning rates and metrics per evaluation; ``None`` for an evaluate run (nothing trained)."""
-    # matplotlib (~1.5 s): only when the figures are drawn
+    # matplotlib (slow import): only when the figures are drawn
     from rankopt.viz import plot_learning_rates, plot_loss_terms, plot_metric_history
 
     if run.kind == "evaluate":
@@ -138,7 +138,7 @@ def _retrieval_section(run: RunFolder, figs: _Figures) -> str:
 
 
 def _ap_level_section(run: RunFolder, figs: _Figures) -> str:
-    from rankopt.viz import plot_ap_per_level  # matplotlib (~1.5 s): only when the figure is drawn
+    from rankopt.viz import plot_ap_per_level  # matplotlib (slow import): only when the figure is drawn
 
     title, anchor = "AP per label level", "ap-per-level"
     level_names = list((run.report.get("data") or {}).get("level_names") or [])
@@ -160,7 +160,7 @@ def _ap_level_section(run: RunFolder, figs: _Figures) -> str:
 
 
 def _surrogate_section(run: RunFolder, figs: _Figures) -> str:
-    from rankopt.viz import plot_surrogates  # matplotlib (~1.5 s): only when the figure is drawn
+    from rankopt.viz import plot_surrogates  # matplotlib (slow import): only when the figure is drawn
 
     loss = run.report.get("loss") or {}
     name = loss.get("name") or run.setting("loss.name")

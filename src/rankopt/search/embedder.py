@@ -24,6 +24,7 @@ import torch
 from torch import nn
 
 from rankopt.data.base import RetrievalDataset
+from rankopt.data.transforms import build_transform
 from rankopt.data.image_folder import folder_dataset, images_dataset
 from rankopt.engine.assembly import (
     inference_preprocessing,
@@ -43,8 +44,6 @@ ImageSource = RetrievalDataset | str | os.PathLike[str] | Sequence[str | os.Path
 def transform_from_preprocessing(preprocessing: Mapping[str, Any]) -> Callable[..., torch.Tensor]:
     """The test transform named by ``preprocessing`` (``{"transform": PRESET, "image_size": PX}``,
     as :func:`rankopt.engine.assembly.inference_preprocessing` writes it)."""
-    from rankopt.data.transforms import build_transform  # lazy: kornia adds ~0.2 s to importing search
-
     if "transform" not in preprocessing:
         raise ValueError(f"preprocessing {dict(preprocessing)} names no transform preset (key 'transform'); "
                          "pass transform= as well")

@@ -6,10 +6,9 @@ bounded memory, CPU or CUDA); faiss indexes for large galleries from faiss's fac
 built. Every index carries the ``fingerprint`` of the model and preprocessing its embeddings were
 made with (:mod:`rankopt.models.fingerprint`); queries and additions from another model are refused.
 
-The landmark toolbox (:mod:`rankopt.postprocess`) joins in: multi-scale embedding and whitening
-are part of the index's embedding pipeline (and fingerprint) and are applied to image queries
-too; database-side augmentation (DBA) rewrites the indexed vectors when the index is built; αQE
-expands the queries at search time (``search(..., qe=Expansion(k, alpha))``).
+The landmark toolbox (:mod:`rankopt.postprocess`) joins in: multi-scale embedding and whitening are part of the
+index's embedding pipeline (and fingerprint) and are applied to image queries too; database-side augmentation (DBA)
+rewrites the indexed vectors when the index is built; αQE expands the queries at search time (its own or ``qe=``).
 
 Items keep stable string ids through every change (:mod:`rankopt.search.items`), carry metadata
 columns that results return and filters select on (:mod:`rankopt.search.metadata`; a filtered search
@@ -35,6 +34,7 @@ import torch
 from torch import nn
 
 from rankopt import checks
+from rankopt.engine.embed_and_score import EmbeddedSplit
 from rankopt.postprocess import Expansion, PostProcessing, alpha_query_expansion, database_augmentation
 from rankopt.search import storage
 from rankopt.search.approximate import Faiss
@@ -109,8 +109,6 @@ class Index:
         / ``.parquet`` file or a ``{path: row}`` table keyed by image path, besides a dataset's own columns
         (a CSV dataset's ``id`` column gives the ids).
         """
-        if postprocessing is not None and postprocessing.qe is not None:
-            raise ValueError("query expansion applies to queries: pass qe= to Index.search (rankopt search --qe)")
         options = {"device": device, "batch_size": batch_size, "num_workers": num_workers, "progress": progress}
         if isinstance(model_or_checkpoint, Embedder):
             embedder = model_or_checkpoint
@@ -124,12 +122,24 @@ class Index:
             embedder = Embedder.from_checkpoint(model_or_checkpoint, **options)
         embedder = embedder.with_postprocessing(postprocessing)
         dataset = as_dataset(images_or_dataset, embedder.transform, class_tree=True)
-        split = embedder.embed(dataset)
+        return cls.from_split(embedder, dataset, embedder.embed(dataset), similarity=similarity,
+                              postprocessing=postprocessing, faiss=faiss, faiss_params=faiss_params,
+                              metadata=metadata, progress=progress)
+
+    @classmethod
+    def from_split(cls, embedder: Embedder, dataset: Any, split: EmbeddedSplit, *, similarity: str = "cosine",
+                   postprocessing: PostProcessing | None = None, faiss: str | None = None,
+                   faiss_params: str | None = None, metadata: MetadataSource | None = None,
+                   progress: bool = True) -> Index:
+        """The index of ``dataset`` embedded into ``split`` by ``embedder`` (``postprocessing``'s embedding steps
+        set), as :meth:`build` makes it: DBA rewrites the vectors, αQE is stored for every later search."""
         record = IndexInfo(checkpoint=embedder.checkpoint, model=embedder.summary)
         vectors = split.embeddings
         if postprocessing is not None and postprocessing.dba is not None:
             vectors = database_augmentation(vectors, postprocessing.dba, similarity=similarity)
             record.dba = dataclasses.asdict(postprocessing.dba)
+        if postprocessing is not None and postprocessing.qe is not None:
+            record.qe = dataclasses.asdict(postprocessing.qe)
         items = IndexItems.new(len(split.paths), split.paths, **dataset_items(dataset, split.paths, metadata))
         index = cls(vectors, split.labels, items, fingerprint=embedder.fingerprint,
                     preprocessing=embedder.preprocessing, similarity=similarity, level_names=dataset.level_names,
@@ -219,6 +229,11 @@ class Index:
         self.record.threshold = None if threshold is None else dict(threshold)
 
     @property
+    def query_expansion(self) -> Expansion | None:
+        """The αQE every search applies unless given another (``index.json``'s ``qe``), or ``None``."""
+        return None if self.record.qe is None else Expansion(**self.record.qe)
+
+    @property
     def backend(self) -> str:
         """``"exact"``, ``"faiss <spec>"`` or ``"qdrant <collection> (<where>)"``."""
         return self.searcher.describe()
@@ -249,7 +264,8 @@ class Index:
         fewer pass, said in ``note``).
 
         ``qe``: αQE, each query replaced by ``normalize(q + Σ_{i≤k} max(s_i, 0)^α g_i)`` over its top
-        ``qe.k`` indexed vectors (exact search) before the search (ICCV'19 §5: k = 10, α = 2).
+        ``qe.k`` indexed vectors (exact search) before the search (ICCV'19 §5: k = 10, α = 2); ``None``: the
+        index's own (:attr:`query_expansion`, e.g. chosen by ``rankopt fit``), if any; ``Expansion(0)``: none.
 
         ``queries``: embeddings ``(Q, D)`` (with the ``fingerprint`` they were made with, checked when
         given) or images (a dataset, files, folders), embedded by the index's model: the one it was
@@ -275,7 +291,8 @@ class Index:
             raise ValueError(f"k must be >= 1, got {k}")
         if len(self) == 0:
             raise ValueError("the index is empty")
-        if qe is not None:
+        qe = self.query_expansion if qe is None else qe
+        if qe is not None and qe.k > 0:
             q = alpha_query_expansion(q, self.embeddings, qe, similarity=self.similarity)
         keep = None if filter is None else np.flatnonzero(self._filter_mask(filter))
         candidates = len(self) if keep is None else keep.size
@@ -303,9 +320,9 @@ class Index:
         metadata = None
         if self.metadata:
             metadata = [[{c: v[j] for c, v in self.metadata.items()} if j >= 0 else {} for j in row] for row in table]
-        threshold = None if self.threshold is None else float(self.threshold["value"])
-        return SearchResult(scores, rows, ids, paths, labels, self.level_names, self.label_names, metadata, threshold,
-                            query_paths, query_labels, note)
+        return SearchResult(scores, rows, ids, paths, labels, self.level_names, self.label_names, metadata,
+                            None if self.threshold is None else float(self.threshold["value"]), query_paths,
+                            query_labels, note)
 
     def embedder_for(self, model: nn.Module | Embedder | None = None,
                      checkpoint: str | os.PathLike[str] | None = None, **options: Any) -> Embedder:
@@ -350,10 +367,9 @@ class Index:
             labels: Embeddings | None = None, *, ids: Sequence[str] | None = None,
             metadata: MetadataSource | Columns | None = None, fingerprint: str | None = None,
             model: nn.Module | Embedder | None = None, checkpoint: str | os.PathLike[str] | None = None) -> Index:
-        """Append embeddings (with the ``fingerprint`` they were made with, checked when given; ``ids``,
-        ``metadata`` as :meth:`from_embeddings`) or images (embedded like image queries, their labels and class
-        names merged by name; ``metadata`` as :meth:`build`); returns ``self``. New items get new ids; a path
-        already indexed is refused. An index built with DBA cannot change (:meth:`_require_independent`)."""
+        """Append embeddings (``fingerprint`` checked when given; ``ids``, ``metadata`` as :meth:`from_embeddings`)
+        or images (embedded like image queries, labels merged by class name; ``metadata`` as :meth:`build`); returns
+        ``self``. New items get new ids; a path already indexed is refused; a DBA index cannot change."""
         self._require_independent("items cannot be added")
         if isinstance(images_or_embeddings, (torch.Tensor, np.ndarray)):
             if fingerprint is not None and fingerprint != self.fingerprint:
@@ -438,7 +454,8 @@ class Index:
 
     @classmethod
     def load(cls, directory: str | os.PathLike[str]) -> Index:
-        """Read an index folder written by :meth:`save`, validating every file."""
+        """Read an index folder written by :meth:`save` (or a ``rankopt fit`` run's), validating every file."""
+        directory = storage.index_folder(directory)
         stored = storage.read(directory)
         items_json = Path(directory) / stored.data / storage.ITEMS_JSON
         items = IndexItems.from_json(stored.items, stored.labels.shape[0], stored.next_id, str(items_json))
@@ -456,7 +473,7 @@ class Index:
         """``with Index.editing(DIR) as index: index.remove(...)``: the folder's writers' lock held while the
         index is loaded, changed and saved (on leaving the block without an exception), so concurrent
         changes never lose each other's work."""
-        with storage.locked(directory):
+        with storage.locked(directory := storage.index_folder(directory)):
             index = cls.load(directory)
             yield index
             index.save(directory)

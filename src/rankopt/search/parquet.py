@@ -52,7 +52,7 @@ def _description(index: Index) -> dict[str, Any]:
             "label_names": index.label_names, "threshold": index.threshold, "next_id": index.items.next_id,
             "metadata_columns": list(index.metadata),
             "checkpoint": index.record.checkpoint, "model": index.record.model, "dba": index.record.dba,
-            "created_utc": index.record.created_utc}
+            "qe": index.record.qe, "created_utc": index.record.created_utc}
 
 
 def _schema_metadata(index: Index) -> dict[bytes, bytes]:
@@ -195,7 +195,7 @@ def import_index(source: str | os.PathLike[str], *, fingerprint: str | None = No
         preprocessing=described.get("preprocessing"), level_names=level_names, label_names=label_names,
         ids=data.get("id"), metadata=columns, faiss=faiss, faiss_params=faiss_params, progress=progress)
     index.items.next_id = max(index.items.next_id, int(described.get("next_id") or 0))
-    for key in ("checkpoint", "model", "dba", "created_utc", "threshold"):
+    for key in ("checkpoint", "model", "dba", "qe", "created_utc", "threshold"):
         if described.get(key) is not None:
             setattr(index.record, key, described[key])
     index.post = stored_post(index.preprocessing, _whitening(meta.get(WHITENING_KEY)))

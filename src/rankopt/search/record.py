@@ -31,6 +31,8 @@ class IndexInfo:
     """``{"url", "path", "collection"}`` of a Qdrant collection kept in step (:mod:`rankopt.search.qdrant`)."""
     dba: dict[str, Any] | None = None
     """``{"k", "alpha"}`` of the database-side augmentation the vectors were rewritten by."""
+    qe: dict[str, Any] | None = None
+    """``{"k", "alpha"}`` of the αQE a search applies unless it is given another (``rankopt fit`` validates it)."""
     created_utc: str | None = None
     threshold: dict[str, Any] | None = None
     """The calibrated threshold (:func:`rankopt.search.threshold.calibrate`)."""

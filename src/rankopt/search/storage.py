@@ -227,6 +227,14 @@ def locked(directory: str | os.PathLike[str]) -> Iterator[None]:
                 fcntl.flock(fh.fileno(), fcntl.LOCK_UN)
 
 
+def index_folder(path: str | os.PathLike[str]) -> Path:
+    """``path``, or ``path/index`` when ``path`` is a ``rankopt fit`` run folder (its index inside, no
+    ``index.json`` of its own): a run folder is accepted wherever an index folder is."""
+    folder = Path(path)
+    inner = folder / "index"
+    return inner if not (folder / INDEX_JSON).exists() and (inner / INDEX_JSON).exists() else folder
+
+
 def check_target(directory: str | os.PathLike[str]) -> Path:
     """``directory`` as a place an index may be written: absent, empty, or an index folder (replaced);
     a file or a non-empty folder of other things (a user's data) is refused."""

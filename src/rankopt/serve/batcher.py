@@ -37,15 +37,12 @@ Then = Callable[[torch.Tensor], Any]
 def default_threads() -> int:
     """torch's intra-op threads of the torch thread when none are given (``rankopt serve --threads``): 1.
 
-    Measured by benchmarks/bench_serve.py on 2 cores, three runs (results/serve_load.md: MobileNetV2 at 224 px). On
-    a quiet machine torch's default, one thread per core, answers more: 1 client 67-86 against 63-65 requests/s (p50
-    11-14 against 15-16 ms), 8 clients 113-122 against 68-73. While another process trains with torch's default
-    threads, the service's OpenMP team waits at every operation for a thread the scheduler gave to the training:
-    1 client 0.7-10 against 35-37 requests/s (p99 0.5-2.2 s against 42-45 ms), 8 clients 10-26 against 46-47 (p99
-    0.8-4.8 s against 0.25 s), and the training runs half as fast (5-13 against 19-25 steps/s; 61-65 alone). One
-    thread has no team to wait for. ``OMP_WAIT_POLICY=PASSIVE`` (idle team threads sleep at once) shares nearly as
-    well but halves quiet single queries (38-40 requests/s). A machine of its own may take ``--threads`` up to one
-    per core."""
+    On a quiet machine torch's default, one thread per core, answers more requests; while another process uses
+    the cores, the service's OpenMP team waits at every operation for a thread the scheduler gave to that process:
+    throughput collapses, p99 reaches seconds and the other process slows down too. One thread has no team to wait
+    for. ``OMP_WAIT_POLICY=PASSIVE`` (idle team threads sleep at once) shares better but slows quiet single queries
+    (measured: benchmarks/results/serve_load.md, "Torch threads of the server"). A machine of its own may take
+    ``--threads`` up to one per core."""
     return 1
 
 

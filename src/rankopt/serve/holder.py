@@ -16,7 +16,6 @@ import os
 import threading
 from dataclasses import dataclass
 from datetime import datetime, timezone
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -67,7 +66,7 @@ class IndexHolder:
                  onnx: str | os.PathLike[str] | None = None, device: str = "auto", threads: int | None = None) -> None:
         """``threads``: onnxruntime's intra-op threads when queries are embedded by an ``onnx`` export (torch's
         are the torch thread's, :class:`~rankopt.serve.batcher.MicroBatcher`)."""
-        self.directory = Path(directory)
+        self.directory = storage.index_folder(directory)
         if checkpoint is not None and onnx is not None:
             raise ValueError("give checkpoint or onnx, not both")
         self._model, self._device = onnx or checkpoint, device

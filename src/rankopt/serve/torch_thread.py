@@ -3,11 +3,9 @@
 On a CPU, torch's intra-op parallelism is an OpenMP team per calling thread. Once two threads of a
 process have run parallel torch ops, OpenMP manages more threads than there are cores and stops
 letting idle team threads spin between parallel regions: each of the ~150 operations of a forward
-then waits for sleeping threads to wake. Measured on this project's 2-core machine (MobileNetV2, one
-224-px image): 17 ms per forward while one thread runs every torch op; 43-49 ms on that same thread,
-for good, once the main thread had multiplied two 1000 x 1000 matrices. So the service loads its
-index and model, transforms, embeds and searches on this thread only; other threads decode images
-and answer HTTP.
+then waits for sleeping threads to wake, for the rest of the process (measured:
+benchmarks/results/serve_load.md). So the service loads its index and model, transforms, embeds and
+searches on this thread only; other threads decode images and answer HTTP.
 """
 
 from __future__ import annotations

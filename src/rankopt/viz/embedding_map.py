@@ -50,7 +50,7 @@ def embed_2d(
         feats = PCA(n_components=min(_PCA_DIMS, n), random_state=seed).fit_transform(feats)
     tsne = TSNE(n_components=2, perplexity=min(30.0, (n - 1) / 3), init="pca", learning_rate="auto", random_state=seed)
     # torch and scikit-learn each ship an OpenMP runtime; their spinning threads starve each
-    # other (20x slower t-SNE measured on 2 cores), so t-SNE runs on one OpenMP thread.
+    # other on a machine with few cores, so t-SNE runs on one OpenMP thread.
     with threadpool_limits(limits=1, user_api="openmp"):
         return tsne.fit_transform(feats), rows, "t-SNE"
 

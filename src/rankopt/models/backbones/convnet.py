@@ -18,8 +18,8 @@ class ConvNet(nn.Module):
     Stage ``s`` has ``depths[s]`` blocks with ``widths[s]`` channels; its first
     block has stride 2. Output: a ``(B, widths[-1], H / 2^(S+2), W / 2^(S+2))``
     feature map (4x4 for 64 px inputs and 2 stages). The patchify stem keeps a
-    forward+backward of 64 images of 64x64 px at about 10-20 ms on 2 CPU cores;
-    a stride-2 3x3 stem at full resolution costs ten times more.
+    training step cheap on CPU, where a stride-2 3x3 stem would run at full resolution
+    (measured: benchmarks/results/models_engine.md).
     """
 
     def __init__(self, stem_width: int, widths: Sequence[int], depths: Sequence[int], in_chans: int = 3) -> None:

@@ -76,6 +76,7 @@ class MobileFaceNet(nn.Module):
         self.linear7 = ConvBlock(512, 512, _FINAL_GRID, depthwise=True, linear=True)
         self.linear1 = ConvBlock(512, EMBEDDING_DIM, 1, linear=True)
         self.num_features = EMBEDDING_DIM
+        self.fixed_input_size = MOBILEFACENET_INPUT_SIZE  # linear7 fixes the input size: no multi-scale
         for m in self.modules():
             if isinstance(m, nn.Conv2d):
                 nn.init.kaiming_normal_(m.weight, mode="fan_out", nonlinearity="relu")
@@ -89,6 +90,13 @@ class MobileFaceNet(nn.Module):
                 f"(a {gh}x{gw} final map); got {images.shape[-2]}x{images.shape[-1]} inputs"
             )
         return self.linear1(self.linear7(x)).flatten(1)
+
+    def stages(self) -> list[nn.Module]:
+        """The forward as a sequence of modules sharing these parameters (``conv1``, ``dw_conv1``, each
+        bottleneck, ``conv2``, then ``linear7`` -> ``linear1`` -> flatten): ``nn.Sequential(*stages())(x) ==
+        forward(x)`` for 112 x 96 inputs."""
+        return [self.conv1, self.dw_conv1, *self.blocks, self.conv2,
+                nn.Sequential(self.linear7, self.linear1, nn.Flatten(1))]
 
 
 def mobilefacenet() -> MobileFaceNet:

@@ -187,6 +187,12 @@ class MobileNet(nn.Module):
         x = self.blocks(F.relu6(self.bn1(self.conv_stem(x))))
         return F.relu6(self.bn2(self.conv_head(x)))
 
+    def stages(self) -> list[nn.Module]:
+        """The forward as a sequence of modules sharing these parameters (stem, each block, head):
+        ``nn.Sequential(*stages())(x) == forward(x)``."""
+        return [nn.Sequential(self.conv_stem, self.bn1, nn.ReLU6()), *(b for s in self.blocks for b in s),
+                nn.Sequential(self.conv_head, self.bn2, nn.ReLU6())]
+
 
 MOBILENET_LAYOUTS: dict[str, MobileNetSpec] = {
     "mobilenet_v2": MobileNetSpec(

@@ -95,6 +95,12 @@ class ResNet(nn.Module):
         x = self.maxpool(self.relu(self.bn1(self.conv1(x))))
         return self.layer4(self.layer3(self.layer2(self.layer1(x))))
 
+    def stages(self) -> list[nn.Module]:
+        """The forward as a sequence of modules sharing these parameters (stem, each residual block):
+        ``nn.Sequential(*stages())(x) == forward(x)``."""
+        stem = nn.Sequential(self.conv1, self.bn1, self.relu, self.maxpool)
+        return [stem, *(b for layer in (self.layer1, self.layer2, self.layer3, self.layer4) for b in layer)]
+
 
 RESNET_LAYOUTS: dict[str, tuple[type[BasicBlock] | type[Bottleneck], tuple[int, ...]]] = {
     "resnet18": (BasicBlock, (2, 2, 2, 2)),

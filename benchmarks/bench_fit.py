@@ -1,0 +1,213 @@
+"""``rankopt fit`` on real photos: time, peak memory and what it gains, against the features it starts from.
+
+    python benchmarks/bench_fit.py --caltech $RANKOPT_CALTECH101 --rows small:0 held-out:0,1,2 whole:0
+
+Rows (each a real ``rankopt fit`` process, its wall time and peak resident memory from GNU ``time``):
+
+* ``whole``: the whole Caltech-101 folder as a user has it (8,242 photos, 100 categories: ``BACKGROUND_Google``
+  and ``Faces_easy``, a tighter crop of ``Faces``, left out), defaults (10 minutes); the index must hold every photo.
+* ``held-out``: the fit sees only the 50 training categories of the ``caltech101`` dataset; its pipeline is then
+  scored on the 50 test categories (3,063 photos, each a query, itself excluded: as ``rankopt benchmark
+  caltech101`` scores), beside two rows that need no training, measured the same way at the same 224 px: the
+  pretrained features, and the features with the post-processing ``fit`` chose for them on its validation
+  classes (whitening refitted on the 50 training categories).
+* ``small``: 10 categories x 20 photos; should finish within 2 minutes and say how little it could learn.
+
+Folders of symbolic links are made under ``--out`` (never in the photos' folder). Runs already finished there are
+read, not rerun. Writes ``benchmarks/results/fit.md``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from rankopt.data import build_dataset
+from rankopt.data.transforms import build_transform
+from rankopt.describe import machine_info
+from rankopt.engine.assembly import model_from_checkpoint
+from rankopt.engine.embed_and_score import embed_dataset
+from rankopt.engine.weights import pretrained_checkpoint
+from rankopt.files import write_text_atomic
+from rankopt.fit.post import WhiteningChoice, choose_postprocessing, score_self_retrieval
+from rankopt.postprocess import Expansion, PostProcessing
+from rankopt.search import Index
+
+RESULTS = Path(__file__).resolve().parent / "results" / "fit.md"
+LEFT_OUT = ("BACKGROUND_Google", "Faces_easy")
+
+
+def link_tree(root: Path, out: Path, classes: list[str], per_class: int | None = None) -> Path:
+    """``out/<class>/<photo>``: symbolic links to ``root``'s photos of ``classes`` (the first ``per_class``)."""
+    if out.exists():
+        return out
+    tmp = out.with_suffix(".tmp")
+    for name in classes:
+        (tmp / name).mkdir(parents=True, exist_ok=True)
+        for photo in sorted((root / name).iterdir())[:per_class]:
+            (tmp / name / photo.name).symlink_to(photo.resolve())
+    tmp.rename(out)
+    return out
+
+
+def run_fit(photos: Path, run: Path, seed: int, minutes: float | None) -> dict:
+    """``rankopt fit`` in a child process (or its finished run): wall seconds and peak RSS with its record."""
+    done = run / "bench.json"
+    if done.is_file():
+        return json.loads(done.read_text())
+    if run.exists():
+        subprocess.run(["rm", "-rf", str(run)], check=True)
+    command = [sys.executable, "-m", "rankopt", "fit", str(photos), "--out", str(run), "--seed", str(seed)]
+    command += [] if minutes is None else ["--minutes", str(minutes)]
+    began = time.monotonic()
+    log = run.with_suffix(".log")
+    with log.open("w") as handle:  # GNU time: the peak resident set of the fit's process (KiB)
+        code = subprocess.run(["/usr/bin/time", "-f", "PEAK_KIB %M", *command], stdout=handle,
+                              stderr=subprocess.STDOUT).returncode
+    wall = time.monotonic() - began
+    if code != 0:
+        raise RuntimeError(f"{' '.join(command)} failed ({code}); see {log}")
+    peak = int(log.read_text().rsplit("PEAK_KIB ", 1)[1].split()[0]) / 2**20
+    result = {"wall_s": wall, "peak_gib": peak, "fit": json.loads((run / "fit.json").read_text()),
+              "indexed": len(Index.load(run)), "command": "rankopt " + " ".join(command[3:])}
+    write_text_atomic(done, json.dumps(result, indent=1))
+    return result
+
+
+def held_out_scores(run: Path, root: Path, features_ckpt: Path) -> dict[str, dict[str, float]]:
+    """The rows scored on the ``caltech101`` test categories (module docstring), kept in ``run/scores.json``."""
+    kept = run / "scores.json"
+    if kept.is_file():
+        return json.loads(kept.read_text())
+    rows = _held_out_scores(run, root, features_ckpt)
+    write_text_atomic(kept, json.dumps(rows, indent=1))
+    return rows
+
+
+def _held_out_scores(run: Path, root: Path, features_ckpt: Path) -> dict[str, dict[str, float]]:
+    record = json.loads((run / "fit.json").read_text())
+    rows: dict[str, dict[str, float]] = {}
+
+    def embed(checkpoint: Path, split: str) -> tuple[torch.Tensor, np.ndarray]:
+        model, cfg = model_from_checkpoint(checkpoint)
+        dataset = build_dataset("caltech101", root, split,
+                                transform=build_transform(cfg.data.test_transform, cfg.data.image_size))
+        x = embed_dataset(model, dataset, batch_size=32, show_progress=False).embeddings
+        return x, np.asarray(dataset.labels)[:, 0]
+
+    test_x, test_y = embed(features_ckpt, "test")
+    rows["pretrained features"] = score_self_retrieval(test_x, test_y)
+    chosen = record["chosen"]["post_by_model"]["features"]
+    train_x, train_y = embed(features_ckpt, "train")
+    rows["features + post-processing (chosen by fit)"] = score_self_retrieval(test_x, test_y,
+                                                                              refitted(chosen, train_x, train_y))
+    fitted_x, _ = embed(run / "model.ckpt", "test")
+    rows["fit's model alone"] = score_self_retrieval(fitted_x, test_y)
+    index = Index.load(run)  # the served pipeline: its embedder (multi-scale, whitening), then DBA and αQE
+    embedder = index.embedder_for(batch_size=32, progress=False)
+    served_x = embedder.embed(build_dataset("caltech101", root, "test", transform=embedder.transform)).embeddings
+    expansions = PostProcessing(None, None, None if index.record.dba is None else Expansion(**index.record.dba),
+                                index.query_expansion)
+    scales = "" if index.post is None or index.post.scales is None else ", multi-scale"
+    rows["fit's served pipeline"] = score_self_retrieval(served_x, test_y, expansions)
+    rows["fit's served pipeline"]["chosen"] = f"{record['chosen']['model']}{scales}"
+    # DBA too (fit --dba: the index can then not be changed), chosen on the fit's own validation classes
+    names = np.array([Path(p).parent.name for p in build_dataset("caltech101", root, "train").paths])
+    held = np.isin(names, (run / "classes" / "validation.txt").read_text().split("\n"))
+    fitted_train_x, _ = embed(run / "model.ckpt", "train")
+    for label, tx, x in (("features", train_x, test_x), ("fit's model", fitted_train_x, fitted_x)):
+        choice = choose_postprocessing(tx[~held], train_y[~held], tx[held], train_y[held], dba=True)
+        rows[f"{label} + post-processing with DBA, chosen on fit's validation"] = score_self_retrieval(
+            x, test_y, refitted(choice.to_dict(), tx, train_y))
+        rows[f"{label} + post-processing with DBA, chosen on fit's validation"]["chosen"] = choice.describe()
+    return rows
+
+
+def refitted(chosen: dict, train_x: torch.Tensor, train_y: np.ndarray) -> PostProcessing:
+    """The post-processing ``chosen`` (``PostChoice.to_dict()``), its whitening refitted on all training categories."""
+    whitening = None if chosen["whitening"] is None else \
+        WhiteningChoice(**chosen["whitening"]).fit(train_x, train_y, "caltech101 train")
+    expansions = (None if chosen[k] is None else Expansion(**chosen[k]) for k in ("dba", "qe"))
+    return PostProcessing(None, whitening, *expansions)
+
+
+def machine_text() -> str:
+    info = machine_info("cpu")
+    return f"{info['cpu_count']} CPU cores, no GPU, torch {info['torch']} ({info['torch_threads']} threads), " \
+           f"Python {info['python']}, {info['platform']}"
+
+
+def mean_sd(values: list[float], digits: int = 4) -> str:
+    return f"{statistics.mean(values):.{digits}f}" + (f" ± {statistics.stdev(values):.{digits}f}"
+                                                       if len(values) > 1 else "")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--caltech", default=os.environ.get("RANKOPT_CALTECH101"), help="101_ObjectCategories")
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0])
+    parser.add_argument("--rows", nargs="+", default=["small", "held-out", "whole"],
+                        help="rows, each optionally with its own seeds: held-out:0,1 (default: --seeds)")
+    parser.add_argument("--out", type=Path, default=Path("/tmp/rankopt-fit-bench"))
+    args = parser.parse_args()
+    root = Path(args.caltech)
+    categories = sorted(p.name for p in root.iterdir() if p.is_dir() and p.name not in LEFT_OUT)
+    train_categories = sorted({Path(p).parent.name for p in build_dataset("caltech101", root, "train").paths})
+    features_ckpt = pretrained_checkpoint("mobilenet_v2")
+    trees = {"whole": link_tree(root, args.out / "photos-whole", categories),
+             "held-out": link_tree(root, args.out / "photos-train50", train_categories),
+             "small": link_tree(root, args.out / "photos-small", categories[::10][:10], 20)}
+    minutes = {"whole": None, "held-out": None, "small": 2.0}
+    runs: dict[str, list[dict]] = {}
+    held: list[dict[str, dict[str, float]]] = []
+    plan = [(int(seed), order, name) for order, (name, _, seeds) in enumerate(r.partition(":") for r in args.rows)
+            for seed in (seeds.split(",") if seeds else args.seeds)]
+    for seed, _, row in sorted(plan):  # seed by seed, rows in the order given
+        result = run_fit(trees[row], args.out / f"{row}-s{seed}", seed, minutes[row])
+        runs.setdefault(row, []).append(result)
+        print(f"{row} seed {seed}: {result['wall_s']:.0f} s, {result['peak_gib']:.2f} GiB, "
+              f"{result['indexed']} indexed", flush=True)
+        if row == "held-out":
+            held.append(held_out_scores(args.out / f"held-out-s{seed}", root, features_ckpt))
+            print(json.dumps(held[-1], indent=1), flush=True)
+    lines = ["# `rankopt fit` on Caltech-101", "",
+             f"Generated by `benchmarks/bench_fit.py` on {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} "
+             f"UTC.", "",
+             f"    python benchmarks/bench_fit.py --caltech $RANKOPT_CALTECH101 --rows {' '.join(args.rows)}",
+             "", f"Machine: {machine_text()}; load before the run {os.getloadavg()[0]:.1f}; each fit alone on it.", "",
+             "## Time, memory, what was indexed", "",
+             "| row | runs | wall (s) | peak RSS (GiB) | indexed | validation mAP@R: features → served | served |",
+             "|---|---|---|---|---|---|---|"]
+    for row, results in runs.items():
+        served = [r["fit"]["served"]["map@r"] for r in results]
+        lines.append(f"| {row} | {len(results)} | {mean_sd([r['wall_s'] for r in results], 1)} | "
+                     f"{mean_sd([r['peak_gib'] for r in results], 2)} | {results[0]['indexed']} | "
+                     f"{mean_sd([r['fit']['features']['map@r'] for r in results])} → {mean_sd(served)} | "
+                     f"{', '.join(r['fit']['chosen']['model'] for r in results)} |")
+    if held:
+        lines += ["", "## Held out: fit on the 50 training categories, scored on the 50 test categories (3,063 photos)",
+                  "", "| pipeline | runs | mAP@R | R@1 |", "|---|---|---|---|"]
+        for name in held[0]:
+            lines.append(f"| {name} | {len(held)} | {mean_sd([h[name]['map@r'] for h in held])} | "
+                         f"{mean_sd([h[name]['recall@1'] for h in held])} |")
+    lines += ["", "Per run (`fit.json` `chosen.why`):", ""]
+    for row, results in runs.items():
+        for r in results:
+            command = r["command"].replace("-m rankopt ", "rankopt ")  # runs recorded before the command was named
+            lines.append(f"- {row}, `{command}`: " + "; ".join(r["fit"]["chosen"]["why"]))
+    write_text_atomic(RESULTS, "\n".join(lines) + "\n")
+    print(f"wrote {RESULTS}")
+
+
+if __name__ == "__main__":
+    main()

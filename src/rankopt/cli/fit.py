@@ -1,0 +1,47 @@
+"""``rankopt fit PHOTOS --out RUN [--minutes M] [--backbone NAME | --weights FILE]``, then ``rankopt serve RUN``."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from rankopt.cli._model import add_threads_argument, apply_threads
+
+
+def register(subparsers: Any) -> None:
+    parser = subparsers.add_parser(
+        "fit", help="photos in, a better search out: fine-tune, validate and index in one command",
+        description="Check the photos, fine-tune a pretrained backbone with a rank loss on most of their classes, "
+                    "validate it and the post-processing steps on the others (never worse than the pretrained "
+                    "features there), and index every photo with the winner: RUN/index, RUN/report.html, "
+                    "RUN/fit.json. Then: rankopt serve RUN.")
+    parser.add_argument("photos", metavar="PHOTOS", help="a folder of class folders, or an OML-format .csv")
+    parser.add_argument("--out", required=True, metavar="RUN", help="the run folder to create (must be new)")
+    parser.add_argument("--minutes", type=float, default=10.0, metavar="M",
+                        help="time budget of the whole command (default 10)")
+    parser.add_argument("--backbone", default="mobilenet_v2", metavar="NAME",
+                        help="pretrained release by name, fetched once into rankopt's cache (rankopt weights list; "
+                             "default mobilenet_v2)")
+    parser.add_argument("--weights", metavar="FILE", help="start from this file instead: a rankopt checkpoint, or "
+                                                          "the release file of --backbone (its sha256 is checked)")
+    parser.add_argument("--seed", type=int, default=0, help="validation classes and training order (0)")
+    parser.add_argument("--device", default="auto", help="cpu, cuda, cuda:1, ... (default: auto)")
+    parser.add_argument("--validation-fraction", type=float, default=0.2, metavar="F",
+                        help="share of the classes held out for validation (0.2; at least 2 classes)")
+    parser.add_argument("--dba", action="store_true",
+                        help="also try database-side augmentation (the index can then be searched and served, but "
+                             "not changed: index-add/remove/update refuse it)")
+    add_threads_argument(parser)
+    parser.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from rankopt.fit import FitSettings, fit
+
+    if args.minutes <= 0:
+        raise ValueError(f"--minutes must be > 0, got {args.minutes}")
+    apply_threads(args)
+    fit(args.photos, args.out, FitSettings(minutes=args.minutes, backbone=args.backbone, weights=args.weights,
+                                           seed=args.seed, device=args.device,
+                                           validation_fraction=args.validation_fraction, dba=args.dba))
+    return 0

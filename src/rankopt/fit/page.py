@@ -1,0 +1,94 @@
+"""``RUN/report.html`` of a fit: before/after on the validation classes, what was chosen and why, retrieval
+examples before and after, and the time per stage (one self-contained page, figures beside it)."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from rankopt.fit.photos import Photos
+from rankopt.report.html import figure, key_values, note, page, section, table, write_page
+from rankopt.viz.comparison import GroupNeighbours, plot_retrieval_rows
+from rankopt.viz.retrieval_grid import retrieval_neighbours
+
+EXAMPLE_QUERIES = 4
+EXAMPLE_K = 6
+
+
+def class_spread(by_class: Mapping[str, Mapping[str, float]], metric: str) -> tuple[float, float]:
+    """Mean and sample sd over the classes of their ``metric``."""
+    values = np.array([m[metric] for m in by_class.values() if not math.isnan(m.get(metric, math.nan))])
+    return (float(values.mean()), float(values.std(ddof=1))) if values.size > 1 else (float("nan"), float("nan"))
+
+
+def paired_gain(after: Mapping[str, Mapping[str, float]], before: Mapping[str, Mapping[str, float]],
+                metric: str) -> tuple[float, float]:
+    """Mean and standard error over the classes of ``after − before`` for ``metric``."""
+    diffs = np.array([after[c][metric] - before[c][metric] for c in before if c in after])
+    if diffs.size < 2:
+        return float("nan"), float("nan")
+    return float(diffs.mean()), float(diffs.std(ddof=1) / math.sqrt(diffs.size))
+
+
+def _examples(folder: Path, photos: Photos, val_rows: np.ndarray, before: torch.Tensor,
+              after: torch.Tensor | None) -> Path | None:
+    labels = torch.as_tensor(photos.labels[val_rows])
+    picks = np.random.default_rng(0).choice(len(val_rows), min(EXAMPLE_QUERIES, len(val_rows)), replace=False)
+    groups = []
+    for name, x in (("pretrained features", before), ("fitted model", after)):
+        if x is None:
+            continue
+        found = retrieval_neighbours(x, labels, query_indices=picks.tolist(), top_k=EXAMPLE_K)
+        paths = [[photos.dataset.paths[val_rows[j]] for j in row] for row in found.indices.tolist()]
+        groups.append(GroupNeighbours(name, paths, found.levels.numpy(), found.scores.numpy()))
+    queries = [photos.dataset.paths[val_rows[q]] for q in picks]
+    titles = [photos.class_names[photos.labels[val_rows[q]]] for q in picks]
+    return plot_retrieval_rows(folder / "figures" / "examples.png", queries, groups, num_levels=1,
+                               query_titles=titles, title_note="validation classes")
+
+
+def write_report(folder: Path, record: Mapping[str, Any], photos: Photos, val_rows: np.ndarray,
+                 features_val: torch.Tensor, fitted_val: torch.Tensor | None, choices: Mapping[str, Any]) -> Path:
+    """Write ``folder/report.html`` (and ``folder/figures/examples.png``)."""
+    per_class = record["per_class"]
+    rows = []
+    for name, metrics, by_class in (("pretrained features", record["features"], per_class["features"]),
+                                    ("fitted model", record["fitted"], per_class["fitted"])):
+        mean, sd = class_spread(by_class, "map@r")
+        gain, se = paired_gain(by_class, per_class["features"], "map@r")
+        rows.append([name, metrics["map@r"], f"{mean:.4f} ± {sd:.4f}", metrics["recall@1"],
+                     "–" if by_class is per_class["features"] else f"{gain:+.4f} ± {se:.4f}"])
+    for key, label in (("features_post", "features + post-processing"), ("fitted_post", "fitted + post-processing")):
+        if record.get(key):
+            rows.append([f"{label} ({choices[key.split('_')[0]].describe()})", record[key]["map@r"], "",
+                         record[key]["recall@1"], ""])
+    served = record["chosen"]["model"]
+    highlight = [i for i, r in enumerate(rows) if str(r[0]).startswith(f"{served} + ")] or [0]
+    v = record["validation"]
+    results = table(["pipeline", "mAP@R", "mAP@R per class (mean ± sd)", "R@1", "Δ mAP@R vs features (± se)"], rows,
+                    highlight_rows=highlight,
+                    caption=f"{v['classes']} validation classes ({v['photos']} photos) held out from training, each "
+                            "photo a query (self-retrieval); the served pipeline highlighted")
+    candidates = [[c["loss"], c["lr"], c["steps"], max((h["map@r"] for h in c["history"]), default=None)]
+                  for c in record["chosen"]["candidates"]]
+    chosen = [section("What was chosen and why", "\n".join(
+        [table(["loss", "learning rate", "steps", "best validation mAP@R"], candidates),
+         *(note(line) for line in record["chosen"]["why"])]))]
+    examples = _examples(folder, photos, val_rows, features_val, fitted_val)
+    pictures = [] if examples is None else [section("Retrieval examples, before and after", figure(
+        "figures/examples.png", "top results of validation queries: green frame = same class, red = another"))]
+    seconds = record["seconds"]
+    timing = table(["stage", "seconds"], [[k, v] for k, v in seconds.items()], digits=1)
+    summary = key_values([("photos", record["photos"]), ("backbone", f"{record['backbone']} ({record['weights']})"),
+                          ("training classes", f"{v['train_classes']} ({v['train_photos']} photos)"),
+                          ("served", f"{served} + {choices[served].describe()}"), ("index", "index/ (rankopt serve "
+                                                                                         f"{folder})")])
+    html = page("rankopt fit", [section("Summary", summary), section("Before and after, on validation", results),
+                                *chosen, *pictures, section("Time per stage", timing)],
+                subtitle=f"{record['photos']} on {record['machine'].get('device', '')}")
+    return write_page(folder / "report.html", html)

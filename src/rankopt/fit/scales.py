@@ -1,0 +1,55 @@
+"""Multi-scale embedding (ICCV'19 §5: scales 1, 1/√2, 1/2, pooled features averaged by the GeM power mean), tried
+on validation when the budget allows one more pass of every photo through the whole network at those scales.
+
+Multi-scale changes every embedding, so it is chosen with its own post-processing (whitening refitted on the
+multi-scale embeddings of the training classes, DBA/αQE chosen again) and kept only when the result beats the
+single-scale pipeline on validation; on Caltech-101 it lowered mAP@R (benchmarks/results/landmark_toolbox_caltech101.md).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from rankopt.data.base import RetrievalDataset
+from rankopt.engine.embed_and_score import embed_dataset
+from rankopt.fit.post import PostChoice, choose_postprocessing
+from rankopt.models.multiscale import DEFAULT_SCALES, MultiScaleNet
+from rankopt.models.retrieval_net import RetrievalNet
+
+COST = sum(s * s for s in DEFAULT_SCALES)
+"""Forward cost of one multi-scale embedding, in single-scale forwards (pixels: 1 + 1/2 + 1/4)."""
+BUDGET_SHARE = 0.15
+"""Multi-scale is tried when one pass of every photo at every scale takes at most this share of the budget."""
+
+
+@dataclass
+class MultiScaleTrial:
+    """What trying multi-scale gave: its choice and embeddings when kept, and a note either way."""
+
+    note: str
+    choice: PostChoice | None = None
+    embeddings: torch.Tensor | None = None
+
+
+def estimated_seconds(photos: int, photos_per_second: float) -> float:
+    return photos * COST / photos_per_second
+
+
+def try_multiscale(net: RetrievalNet, dataset: RetrievalDataset, labels: np.ndarray, train_rows: np.ndarray,
+                   val_rows: np.ndarray, single: PostChoice, *, device: torch.device, batch_size: int, workers: int,
+                   dba: bool) -> MultiScaleTrial:
+    """Embed every photo at :data:`DEFAULT_SCALES`, choose post-processing on them as for one scale, and keep them
+    when validation mAP@R beats ``single``'s."""
+    model = MultiScaleNet(net, DEFAULT_SCALES)
+    x = embed_dataset(model, dataset, batch_size=batch_size, device=device, num_workers=workers,
+                      desc="multi-scale").embeddings
+    choice = choose_postprocessing(x[train_rows], labels[train_rows], x[val_rows], labels[val_rows], dba=dba)
+    single_value, value = single.metrics["map@r"], choice.metrics["map@r"]
+    if value > single_value:
+        return MultiScaleTrial(f"multi-scale kept: validation mAP@R {value:.4f} > {single_value:.4f} at one scale",
+                               choice, x)
+    return MultiScaleTrial(f"multi-scale tried, not kept: validation mAP@R {value:.4f} <= {single_value:.4f} at one "
+                           "scale")

@@ -1,0 +1,60 @@
+"""How a fit sizes its work to the machine: threads, loader workers, batches, and the memory of the trunk cache.
+
+On a CPU the photos are decoded in the main process (workers would take the cores the network needs) and the
+trunk runs in batches of :data:`CPU_BATCH`, whose activations stay within the memory glibc keeps for reuse
+(``rankopt.runtime.keep_allocations``); on a GPU, loader workers decode beside it and batches are larger. The
+trunk outputs are kept in memory, at most :data:`CACHE_SHARE` of it, so that the whole process stays under half
+of the machine's memory; the mirrored copies are dropped first.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import torch
+
+CPU_BATCH, GPU_BATCH = 32, 128
+CACHE_SHARE = 0.25
+GPU_WORKERS = 8
+
+
+def machine_memory() -> int:
+    """Bytes of physical memory."""
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+@dataclass(frozen=True)
+class Sizing:
+    """The settings a fit runs with (saved in ``fit.json``)."""
+
+    device: str
+    threads: int
+    workers: int
+    trunk_batch: int
+    bytes_per_photo: int
+    memory: int
+    cache_budget: int
+
+    def cache_bytes(self, photos: int) -> int:
+        return photos * self.bytes_per_photo
+
+    def check_cache(self, photos: int) -> None:
+        """Refuse a trunk cache of ``photos`` larger than :attr:`cache_budget`, saying by how much."""
+        need = self.cache_bytes(photos)
+        if need > self.cache_budget:
+            raise MemoryError(f"{photos:,} photos need {need / 2**30:.1f} GiB of cached trunk outputs, more than "
+                              f"{CACHE_SHARE:.0%} of this machine's {self.memory / 2**30:.1f} GiB: fit a part of the "
+                              "folder (rankopt index then adds every photo) or use a machine with more memory")
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def size_for(device: torch.device, trunk_output_numel: int) -> Sizing:
+    """The :class:`Sizing` of this machine for a trunk whose output has ``trunk_output_numel`` values per photo."""
+    memory = machine_memory()
+    cuda = device.type == "cuda"
+    return Sizing(str(device), torch.get_num_threads(), min(GPU_WORKERS, max(0, (os.cpu_count() or 1) - 1)) if cuda
+                  else 0, GPU_BATCH if cuda else CPU_BATCH, 4 * trunk_output_numel, memory, int(CACHE_SHARE * memory))

@@ -1,0 +1,232 @@
+"""``rankopt fit``: the cut network, the tuning that keeps the pretrained state, the post-processing choice, and a
+whole fit on generated photos (SYNTHETIC: coloured squares, labelled as such) whose run folder is an index that
+search, change and serve accept."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from rankopt.config import config_to_dict, load_config
+from rankopt.data import DatasetProblems
+from rankopt.engine.assembly import build_model
+from rankopt.engine.checkpoint import save_model_checkpoint
+from rankopt.fit import FitSettings, fit
+from rankopt.fit.clock import Clock
+from rankopt.fit.post import choose_postprocessing, score_self_retrieval
+from rankopt.fit.trunk import TrunkCache, embed_cached, final_resolution_cut
+from rankopt.fit.tune import Candidate, tune
+from rankopt.models import create_model
+from rankopt.models.stages import cut
+from rankopt.postprocess import Expansion
+from rankopt.report.html import check_page
+from rankopt.search import Index
+from rankopt.search.storage import index_folder
+
+
+@pytest.mark.parametrize("backbone, size", [("mobilenet_v2", (64, 64)), ("efficientnet_lite0", (64, 64)),
+                                            ("mobilefacenet", (112, 96)), ("resnet18", (64, 64))])
+def test_the_tail_of_the_trunk_is_the_network(backbone, size):
+    torch.manual_seed(0)
+    net = create_model(backbone).eval()
+    x = torch.randn(2, 3, *size)
+    at = final_resolution_cut(net, size)
+    trunk, tail = cut(net, at)
+    assert torch.equal(tail(trunk(x)), net(x))
+    final = trunk(x).shape[-2:]
+    assert tail.stages[0](trunk(x)).shape[-2:] != final or backbone == "mobilefacenet"  # the tail's first stage shrinks
+
+
+def test_a_cut_outside_the_stages_and_a_backbone_without_stages_are_refused():
+    net = create_model("mobilenet_v2")
+    with pytest.raises(ValueError, match="cut at stage 0"):
+        cut(net, 0)
+    with pytest.raises(ValueError, match="cannot be cut"):
+        cut(create_model("convnet_tiny"), 1)
+
+
+def test_tail_training_keeps_batchnorm_statistics_frozen():
+    torch.manual_seed(0)
+    net = create_model("mobilenet_v2", freeze_bn=True)
+    _, tail = cut(net, 14)
+    before = {k: v.clone() for k, v in net.state_dict().items() if "running" in k}
+    tail.train()
+    tail(torch.randn(4, 96, 4, 4)).sum().backward()
+    after = {k: v for k, v in net.state_dict().items() if "running" in k}
+    assert all(torch.equal(before[k], after[k]) for k in before)
+
+
+def _clustered(n_classes: int, per_class: int, dim: int, spread: float, seed: int) -> tuple[torch.Tensor, np.ndarray]:
+    g = torch.Generator().manual_seed(seed)
+    centres = torch.randn(n_classes, dim, generator=g)
+    labels = np.repeat(np.arange(n_classes), per_class)
+    x = centres[torch.as_tensor(labels)] + spread * torch.randn(len(labels), dim, generator=g)
+    return torch.nn.functional.normalize(x, dim=1), labels
+
+
+def test_tuning_never_returns_a_state_worse_than_the_pretrained_one():
+    torch.manual_seed(0)
+    tail = torch.nn.Sequential(torch.nn.Flatten(1), torch.nn.Linear(8, 8))
+    x, labels = _clustered(8, 6, 8, 0.3, 0)
+    cache = TrunkCache(x.clone(), (8,))
+    train_rows, val_rows = np.arange(0, 24), np.arange(24, 48)
+
+    def validate():
+        return score_self_retrieval(embed_cached(tail, cache, val_rows), labels[val_rows])
+
+    result = tune(tail, cache, train_rows, labels[train_rows], validate, [Candidate("sup_ap", 50.0)], seconds=0.5,
+                  clock=Clock(10, say=lambda _: None), batch_size=16, m=4)
+    assert result.best_metrics["map@r"] >= result.pretrained["map@r"]
+    steps = result.trials[0].history
+    assert steps and all(s > 0 for s, _ in steps)
+    if result.best_state is None:  # every state scored was worse or level: the pretrained one is kept
+        assert max(m["map@r"] for _, m in steps) <= result.pretrained["map@r"]
+
+
+def test_post_processing_is_kept_only_when_it_helps_on_validation():
+    x, labels = _clustered(10, 8, 16, 0.6, 1)
+    train, val = np.arange(40), np.arange(40, 80)
+    choice = choose_postprocessing(x[train], labels[train], x[val], labels[val])
+    none = score_self_retrieval(x[val], labels[val])["map@r"]
+    assert choice.metrics["map@r"] >= none
+    assert choice.dba is None  # not asked for: the index stays changeable
+    if choice.whitening is None and choice.qe is None:
+        assert choice.metrics["map@r"] == pytest.approx(none)
+    with_dba = choose_postprocessing(x[train], labels[train], x[val], labels[val], dba=True)
+    assert any(what.startswith("DBA") for what, _ in with_dba.tried)
+
+
+# ----------------------------------------------------------------------------------------- a whole fit
+CLASSES = 6
+PER_CLASS = 8
+
+
+def photo_folder(root: Path) -> Path:
+    """SYNTHETIC photos: one colour per class with a random darker square, 48 px JPEGs."""
+    rng = np.random.default_rng(0)
+    for c in range(CLASSES):
+        colour = rng.integers(40, 230, 3)
+        for i in range(PER_CLASS):
+            pixels = np.tile(colour, (48, 48, 1)).astype(np.uint8)
+            x, y = rng.integers(0, 24, 2)
+            pixels[y:y + 24, x:x + 24] //= 2
+            (root / f"class{c}").mkdir(parents=True, exist_ok=True)
+            Image.fromarray(pixels).save(root / f"class{c}" / f"p{i}.jpg")
+    return root
+
+
+@pytest.fixture(scope="module")
+def pretrained(tmp_path_factory) -> Path:
+    """A MobileNetV2 checkpoint with random weights at 64 px (the weights matter not: the pipeline does)."""
+    cfg = load_config(None, ["model.backbone=mobilenet_v2", "data.image_size=64", "data.test_transform=test",
+                             "data.train_transform=train"])
+    torch.manual_seed(0)
+    return save_model_checkpoint(tmp_path_factory.mktemp("weights") / "mnv2-random.ckpt",
+                                 build_model(cfg).state_dict(), config_to_dict(cfg))
+
+
+@pytest.fixture(scope="module")
+def fitted(tmp_path_factory, pretrained) -> tuple[Path, Path, dict, list[str]]:
+    root = tmp_path_factory.mktemp("fit")
+    photos = photo_folder(root / "photos")
+    lines: list[str] = []
+    record = fit(photos, root / "run", FitSettings(minutes=0.4, weights=str(pretrained), lrs=(1e-4, 1e-3)),
+                 say=lines.append)
+    return photos, root / "run", record, lines
+
+
+def test_a_fit_writes_a_run_folder_with_an_index_of_every_photo(fitted):
+    photos, run, record, lines = fitted
+    stored = json.loads((run / "fit.json").read_text())
+    for key in ("features", "fitted", "chosen", "seconds"):
+        assert key in stored
+    assert set(stored["features"]) >= {"map@r", "recall@1"} and set(stored["fitted"]) >= {"map@r", "recall@1"}
+    assert (run / "classes" / "train.txt").read_text().count("\n") + \
+        (run / "classes" / "validation.txt").read_text().count("\n") == CLASSES
+    index = Index.load(run)
+    assert index_folder(run) == run / "index" and len(index) == CLASSES * PER_CLASS
+    assert sorted(Path(p).name for p in index.paths) == sorted(p.name for p in photos.rglob("*.jpg"))
+    served = stored["chosen"]["model"]
+    assert stored[f"{served}_post"]["map@r"] >= stored["features"]["map@r"]  # never worse than the features
+    assert any(line.split("] ")[1].startswith(s) for line in lines for s in ("check:",)) and "finished" in lines[-1]
+    assert all(stage in stored["seconds"] for stage in ("check", "trunk", "tune", "post", "index", "report"))
+    assert any(line.startswith("multi-scale") for line in stored["chosen"]["why"])  # tried or skipped, and why
+
+
+def test_the_run_folder_is_searched_changed_and_served_as_an_index(fitted, tmp_path):
+    photos, run, record, _ = fitted
+    query = sorted(photos.rglob("*.jpg"))[0]
+    index = Index.load(run)
+    own = index.embeddings[index.paths.index(str(query))]
+    assert float(index.embedder_for().embed([str(query)]).embeddings[0] @ own) == pytest.approx(1.0, abs=1e-3)
+    raw = index.search([str(query)], k=3, qe=Expansion(0))  # the photo itself (or a near-copy: random weights)
+    assert raw.scores[0, 0] == pytest.approx(1.0, abs=1e-3)
+    result = index.search([str(query)], k=3)  # with the fit's own αQE, if it chose one
+    own = index.search([str(query)], k=3, qe=index.query_expansion or Expansion(0))
+    assert torch.equal(result.rows, own.rows) and torch.equal(result.scores, own.scores)
+    out = subprocess.run([sys.executable, "-m", "rankopt", "search", str(run), str(query), "--top-k", "2"],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert query.name in out.stdout
+    with Index.editing(run) as editable:
+        removed = editable.remove(ids=[editable.ids[0]])
+    assert removed and len(Index.load(run)) == CLASSES * PER_CLASS - 1
+
+
+def test_the_report_page_reads_and_shows_the_before_and_after(fitted, render_page):
+    from report.conftest import screenshot_stats
+
+    _, run, _, _ = fitted
+    colours, spread = screenshot_stats(render_page(run / "report.html"))
+    assert colours > 50 and spread > 10  # text, tables and the example photos drawn, not a blank page
+    html = (run / "report.html").read_text()
+    assert check_page(run / "report.html") == []
+    for text in ("Before and after", "pretrained features", "fitted model", "What was chosen", "Time per stage"):
+        assert text in html
+    assert (run / "figures" / "examples.png").is_file()
+
+
+def test_bad_photos_are_refused_before_any_work_naming_each(tmp_path, pretrained):
+    photos = photo_folder(tmp_path / "photos")
+    (photos / "class0" / "broken.jpg").write_bytes(b"not a jpeg")
+    with pytest.raises(DatasetProblems, match="broken.jpg"):
+        fit(photos, tmp_path / "run", FitSettings(minutes=0.2, weights=str(pretrained)), say=lambda _: None)
+    assert not (tmp_path / "run").exists()
+
+
+def test_an_existing_run_folder_is_never_overwritten(tmp_path, pretrained):
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "mine.txt").write_text("keep")
+    with pytest.raises(FileExistsError, match="not empty"):
+        fit(tmp_path / "photos", tmp_path / "run", FitSettings(weights=str(pretrained)), say=lambda _: None)
+    assert (tmp_path / "run" / "mine.txt").read_text() == "keep"
+
+
+def test_too_few_classes_are_refused(tmp_path, pretrained):
+    photos = photo_folder(tmp_path / "photos")
+    for c in range(3, CLASSES):
+        for f in (photos / f"class{c}").iterdir():
+            f.unlink()
+        (photos / f"class{c}").rmdir()
+    with pytest.raises(ValueError, match="at least 4 classes"):
+        fit(photos, tmp_path / "run", FitSettings(minutes=0.2, weights=str(pretrained)), say=lambda _: None)
+
+
+def test_an_oml_csv_gives_every_row_of_every_split(tmp_path):
+    from rankopt.fit.photos import read_photos, split_photos
+
+    photos = photo_folder(tmp_path / "photos")
+    rows = ["label,path,split"] + [f"c{c},photos/class{c}/p{i}.jpg,{'train' if c < 4 else 'test'}"
+                                   for c in range(CLASSES) for i in range(PER_CLASS)]
+    (tmp_path / "photos.csv").write_text("\n".join(rows) + "\n")
+    dataset = read_photos(tmp_path / "photos.csv", None)
+    assert len(dataset) == CLASSES * PER_CLASS and np.unique(dataset.labels[:, 0]).size == CLASSES
+    assert split_photos(dataset, 0.2, 0).validation.sum() == 2 * PER_CLASS
+    assert photos.is_dir()

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import base64
 import shutil
+import time
 
 import pytest
 from report.conftest import screenshot_stats
@@ -102,8 +103,13 @@ def test_the_page_works_under_its_content_security_policy(browser, live_server, 
     page.set_input_files("#file", str(query_files[0]))
     page.wait_for_selector(f"#status:has-text('for {query_files[0].name}')", timeout=60_000)
     page.wait_for_selector(".result img", timeout=60_000)
-    pictures = page.evaluate("[...document.querySelectorAll('.result img, #query-image')]"
-                             ".map(i => i.complete && i.naturalWidth > 0)")
-    assert len(pictures) > 1 and all(pictures)
+    # thumbnails load lazily: bring each into view, then wait until every picture has finished (loaded or failed)
+    pictures = "[...document.querySelectorAll('.result img, #query-image')]"
+    page.evaluate(f"{pictures}.forEach(i => i.scrollIntoView())")
+    deadline = time.monotonic() + 60  # polled from here: wait_for_function may need eval, which the policy forbids
+    while not page.evaluate(f"{pictures}.every(i => i.complete)") and time.monotonic() < deadline:
+        page.wait_for_timeout(100)
+    loaded = page.evaluate(f"{pictures}.map(i => i.naturalWidth > 0)")
+    assert len(loaded) > 1 and all(loaded), loaded
     assert page.evaluate("getComputedStyle(document.body).fontFamily") not in ("", "Times New Roman")  # style.css
     assert not [m for m in messages if "Content Security Policy" in m], messages

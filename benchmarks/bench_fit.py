@@ -1,6 +1,7 @@
 """``rankopt fit`` on real photos: time, peak memory and what it gains, against the features it starts from.
 
-    python benchmarks/bench_fit.py --caltech $RANKOPT_CALTECH101 --rows small:0 held-out:0,1,2 whole:0
+    python benchmarks/bench_fit.py --caltech $RANKOPT_CALTECH101 --yaleb $RANKOPT_YALEB --mobilefacenet 068.ckpt \
+        --rows small:0,1,2 held-out:0,1,2 whole:0 yaleb:0,1,2
 
 Rows (each a real ``rankopt fit`` process, its wall time and peak resident memory from GNU ``time``):
 
@@ -11,6 +12,10 @@ Rows (each a real ``rankopt fit`` process, its wall time and peak resident memor
   caltech101`` scores), beside two rows that need no training, measured the same way at the same 224 px: the
   pretrained features, and the features with the post-processing ``fit`` chose for them on its validation
   classes (whitening refitted on the 50 training categories).
+* ``yaleb``: Extended Yale B faces, ``--backbone mobilefacenet`` (its release file placed in the cache first with
+  ``rankopt weights fetch mobilefacenet --file``): the fit sees the ``yaleb`` training people only (subjects 1-20);
+  the released weights and the fit's model are then scored on the 19 test people (1,216 faces, each a query) with
+  mAP@R, R@1 and TAR@FAR 1e-3 over all pairs, as ``rankopt evaluate --dataset yaleb`` scores them.
 * ``small``: 10 categories x 20 photos; should finish within 2 minutes and say how little it could learn.
 
 Folders of symbolic links are made under ``--out`` (never in the photos' folder). Runs already finished there are
@@ -39,28 +44,33 @@ from rankopt.engine.assembly import model_from_checkpoint
 from rankopt.engine.embed_and_score import embed_dataset
 from rankopt.engine.weights import pretrained_checkpoint
 from rankopt.files import write_text_atomic
-from rankopt.fit.post import WhiteningChoice, choose_postprocessing, score_self_retrieval
+from rankopt.fit.post import WhiteningChoice, score_self_retrieval
 from rankopt.postprocess import Expansion, PostProcessing
 from rankopt.search import Index
 
 RESULTS = Path(__file__).resolve().parent / "results" / "fit.md"
 LEFT_OUT = ("BACKGROUND_Google", "Faces_easy")
+YALEB_METRICS = ("map@r", "recall@1", "tar@far=1e-03")
 
 
 def link_tree(root: Path, out: Path, classes: list[str], per_class: int | None = None) -> Path:
     """``out/<class>/<photo>``: symbolic links to ``root``'s photos of ``classes`` (the first ``per_class``)."""
+    return link_photos(out, [photo for name in classes for photo in sorted((root / name).iterdir())[:per_class]])
+
+
+def link_photos(out: Path, photos: list[Path]) -> Path:
+    """``out/<folder>/<photo>``: a symbolic link to each of ``photos`` under the name of its folder."""
     if out.exists():
         return out
     tmp = out.with_suffix(".tmp")
-    for name in classes:
-        (tmp / name).mkdir(parents=True, exist_ok=True)
-        for photo in sorted((root / name).iterdir())[:per_class]:
-            (tmp / name / photo.name).symlink_to(photo.resolve())
+    for photo in photos:
+        (tmp / photo.parent.name).mkdir(parents=True, exist_ok=True)
+        (tmp / photo.parent.name / photo.name).symlink_to(photo.resolve())
     tmp.rename(out)
     return out
 
 
-def run_fit(photos: Path, run: Path, seed: int, minutes: float | None) -> dict:
+def run_fit(photos: Path, run: Path, seed: int, minutes: float | None, options: tuple[str, ...] = ()) -> dict:
     """``rankopt fit`` in a child process (or its finished run): wall seconds and peak RSS with its record."""
     done = run / "bench.json"
     if done.is_file():
@@ -68,7 +78,7 @@ def run_fit(photos: Path, run: Path, seed: int, minutes: float | None) -> dict:
     if run.exists():
         subprocess.run(["rm", "-rf", str(run)], check=True)
     command = [sys.executable, "-m", "rankopt", "fit", str(photos), "--out", str(run), "--seed", str(seed)]
-    command += [] if minutes is None else ["--minutes", str(minutes)]
+    command += ([] if minutes is None else ["--minutes", str(minutes)]) + list(options)
     began = time.monotonic()
     log = run.with_suffix(".log")
     with log.open("w") as handle:  # GNU time: the peak resident set of the fit's process (KiB)
@@ -121,15 +131,23 @@ def _held_out_scores(run: Path, root: Path, features_ckpt: Path) -> dict[str, di
     scales = "" if index.post is None or index.post.scales is None else ", multi-scale"
     rows["fit's served pipeline"] = score_self_retrieval(served_x, test_y, expansions)
     rows["fit's served pipeline"]["chosen"] = f"{record['chosen']['model']}{scales}"
-    # DBA too (fit --dba: the index can then not be changed), chosen on the fit's own validation classes
-    names = np.array([Path(p).parent.name for p in build_dataset("caltech101", root, "train").paths])
-    held = np.isin(names, (run / "classes" / "validation.txt").read_text().split("\n"))
-    fitted_train_x, _ = embed(run / "model.ckpt", "train")
-    for label, tx, x in (("features", train_x, test_x), ("fit's model", fitted_train_x, fitted_x)):
-        choice = choose_postprocessing(tx[~held], train_y[~held], tx[held], train_y[held], dba=True)
-        rows[f"{label} + post-processing with DBA, chosen on fit's validation"] = score_self_retrieval(
-            x, test_y, refitted(choice.to_dict(), tx, train_y))
-        rows[f"{label} + post-processing with DBA, chosen on fit's validation"]["chosen"] = choice.describe()
+    return rows
+
+
+def yaleb_scores(run: Path, root: Path, released: Path) -> dict[str, dict[str, float]]:
+    """The released weights and the fit's model on the ``yaleb`` test people (module docstring), kept in
+    ``run/scores.json``."""
+    kept = run / "scores.json"
+    if kept.is_file():
+        return json.loads(kept.read_text())
+    rows = {}
+    for name, checkpoint in (("released weights", released), ("fit's model alone", run / "model.ckpt")):
+        model, cfg = model_from_checkpoint(checkpoint)
+        dataset = build_dataset("yaleb", root, "test",
+                                transform=build_transform(cfg.data.test_transform, cfg.data.image_size))
+        x = embed_dataset(model, dataset, batch_size=32, show_progress=False).embeddings
+        rows[name] = score_self_retrieval(x, np.asarray(dataset.labels)[:, 0], metrics=YALEB_METRICS)
+    write_text_atomic(kept, json.dumps(rows, indent=1))
     return rows
 
 
@@ -155,6 +173,8 @@ def mean_sd(values: list[float], digits: int = 4) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--caltech", default=os.environ.get("RANKOPT_CALTECH101"), help="101_ObjectCategories")
+    parser.add_argument("--yaleb", default=os.environ.get("RANKOPT_YALEB"), help="CroppedYale (the yaleb row)")
+    parser.add_argument("--mobilefacenet", help="MobileFaceNet's release file (068.ckpt), for the yaleb row")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0])
     parser.add_argument("--rows", nargs="+", default=["small", "held-out", "whole"],
                         help="rows, each optionally with its own seeds: held-out:0,1 (default: --seeds)")
@@ -167,23 +187,35 @@ def main() -> None:
     trees = {"whole": link_tree(root, args.out / "photos-whole", categories),
              "held-out": link_tree(root, args.out / "photos-train50", train_categories),
              "small": link_tree(root, args.out / "photos-small", categories[::10][:10], 20)}
-    minutes = {"whole": None, "held-out": None, "small": 2.0}
+    minutes = {"whole": None, "held-out": None, "small": 2.0, "yaleb": None}
+    options = {"yaleb": ("--backbone", "mobilefacenet")}
+    if any(r.startswith("yaleb") for r in args.rows):
+        subprocess.run([sys.executable, "-m", "rankopt", "weights", "fetch", "mobilefacenet", "--file",
+                        args.mobilefacenet], check=True)
+        trees["yaleb"] = link_photos(args.out / "photos-yaleb-train",
+                                     [Path(p) for p in build_dataset("yaleb", args.yaleb, "train").paths])
     runs: dict[str, list[dict]] = {}
     held: list[dict[str, dict[str, float]]] = []
+    faces: list[dict[str, dict[str, float]]] = []
     plan = [(int(seed), order, name) for order, (name, _, seeds) in enumerate(r.partition(":") for r in args.rows)
             for seed in (seeds.split(",") if seeds else args.seeds)]
     for seed, _, row in sorted(plan):  # seed by seed, rows in the order given
-        result = run_fit(trees[row], args.out / f"{row}-s{seed}", seed, minutes[row])
+        result = run_fit(trees[row], args.out / f"{row}-s{seed}", seed, minutes[row], options.get(row, ()))
         runs.setdefault(row, []).append(result)
         print(f"{row} seed {seed}: {result['wall_s']:.0f} s, {result['peak_gib']:.2f} GiB, "
               f"{result['indexed']} indexed", flush=True)
         if row == "held-out":
             held.append(held_out_scores(args.out / f"held-out-s{seed}", root, features_ckpt))
             print(json.dumps(held[-1], indent=1), flush=True)
+        if row == "yaleb":
+            faces.append(yaleb_scores(args.out / f"yaleb-s{seed}", Path(args.yaleb),
+                                      pretrained_checkpoint("mobilefacenet")))
+            print(json.dumps(faces[-1], indent=1), flush=True)
     lines = ["# `rankopt fit` on Caltech-101", "",
              f"Generated by `benchmarks/bench_fit.py` on {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} "
              f"UTC.", "",
-             f"    python benchmarks/bench_fit.py --caltech $RANKOPT_CALTECH101 --rows {' '.join(args.rows)}",
+             f"    python benchmarks/bench_fit.py --caltech $RANKOPT_CALTECH101 --yaleb $RANKOPT_YALEB "
+             f"--mobilefacenet 068.ckpt --rows {' '.join(args.rows)}",
              "", f"Machine: {machine_text()}; load before the run {os.getloadavg()[0]:.1f}; each fit alone on it.", "",
              "## Time, memory, what was indexed", "",
              "| row | runs | wall (s) | peak RSS (GiB) | indexed | validation mAP@R: features → served | served |",
@@ -200,6 +232,12 @@ def main() -> None:
         for name in held[0]:
             lines.append(f"| {name} | {len(held)} | {mean_sd([h[name]['map@r'] for h in held])} | "
                          f"{mean_sd([h[name]['recall@1'] for h in held])} |")
+    if faces:
+        lines += ["", "## Extended Yale B: fit on the training people (`--backbone mobilefacenet`), scored on the 19 "
+                  "test people (1,216 faces)", "", "| model | runs | mAP@R | R@1 | TAR@FAR 1e-3 |", "|---|---|---|---|---|"]
+        for name in faces[0]:
+            lines.append(f"| {name} | {len(faces)} | " + " | ".join(mean_sd([f[name][m] for f in faces])
+                                                                  for m in YALEB_METRICS) + " |")
     lines += ["", "Per run (`fit.json` `chosen.why`):", ""]
     for row, results in runs.items():
         for r in results:

@@ -7,6 +7,9 @@ into a silent NaN.
 
 from __future__ import annotations
 
+from typing import Any
+
+import numpy as np
 import torch
 
 FINITE_CHECK_ROWS = 65536
@@ -69,6 +72,21 @@ def check_labels(labels: torch.Tensor, num_rows: int, name: str = "labels") -> t
     if labels.shape[1] == 0:
         raise ValueError(f"{name} has 0 levels")
     return labels.long()
+
+
+def cpu_embeddings(x: Any, name: str) -> torch.Tensor:
+    """``x`` (a tensor or numpy array) checked by :func:`check_embeddings`, as a detached float32 CPU tensor."""
+    tensor = torch.from_numpy(np.asarray(x)) if isinstance(x, np.ndarray) else x
+    return check_embeddings(tensor, name).detach().float().cpu()
+
+
+def cpu_labels(labels: Any, rows: int) -> torch.Tensor:
+    """``labels`` (a tensor or numpy array) checked by :func:`check_labels` as ``(rows, L)`` int64 on the CPU;
+    ``None``: one unknown (-1) label per row."""
+    if labels is None:
+        return torch.full((rows, 1), -1, dtype=torch.long)
+    tensor = torch.from_numpy(np.asarray(labels)) if isinstance(labels, np.ndarray) else labels
+    return check_labels(tensor, rows, "labels").cpu()
 
 
 def check_finite_scalar(value: torch.Tensor, what: str) -> torch.Tensor:

@@ -20,7 +20,7 @@ from rankopt.engine.assembly import build_model
 from rankopt.engine.checkpoint import save_model_checkpoint
 from rankopt.fit import FitSettings, fit
 from rankopt.fit.clock import Clock
-from rankopt.fit.post import choose_postprocessing, score_self_retrieval
+from rankopt.fit.post import choose_postprocessing, score_self_retrieval, served_pipeline
 from rankopt.fit.trunk import TrunkCache, embed_cached, final_resolution_cut
 from rankopt.fit.tune import Candidate, tune
 from rankopt.models import create_model
@@ -96,11 +96,25 @@ def test_post_processing_is_kept_only_when_it_helps_on_validation():
     choice = choose_postprocessing(x[train], labels[train], x[val], labels[val])
     none = score_self_retrieval(x[val], labels[val])["map@r"]
     assert choice.metrics["map@r"] >= none
-    assert choice.dba is None  # not asked for: the index stays changeable
-    if choice.whitening is None and choice.qe is None:
+    assert any(what.startswith("DBA") for what, _ in choice.tried)
+    if choice.whitening is None and choice.dba is None and choice.qe is None:
         assert choice.metrics["map@r"] == pytest.approx(none)
-    with_dba = choose_postprocessing(x[train], labels[train], x[val], labels[val], dba=True)
-    assert any(what.startswith("DBA") for what, _ in with_dba.tried)
+    kept = [value for what, value in choice.tried if what == choice.describe().split(", ")[-1]]
+    assert choice.describe() == "none" or kept == [pytest.approx(choice.metrics["map@r"])]
+    without = choose_postprocessing(x[train], labels[train], x[val], labels[val], dba=False)
+    assert without.dba is None and not any(what.startswith("DBA") for what, _ in without.tried)
+
+
+def test_the_fitted_pipeline_is_served_only_when_it_beats_the_luck_of_the_validation_classes():
+    features = {f"c{i}": {"map@r": 0.5} for i in range(8)}
+    steady = {c: {"map@r": 0.52 + 0.001 * i} for i, c in enumerate(features)}  # +0.0235, tiny spread
+    noisy = {c: {"map@r": 0.5 + (0.2 if i % 2 else -0.19)} for i, c in enumerate(features)}  # +0.005, se 0.07
+    worse = {c: {"map@r": 0.49} for c in features}
+    assert served_pipeline(features, steady)[0] == "fitted"
+    served, why = served_pipeline(features, noisy)
+    assert served == "features" and "+0.0050" in why and "untrained pipeline is served" in why
+    assert served_pipeline(features, worse)[0] == "features"
+    assert served_pipeline({"a": {"map@r": 0.5}}, {"a": {"map@r": 0.9}})[0] == "features"  # one class: no spread
 
 
 # ----------------------------------------------------------------------------------------- a whole fit

@@ -21,7 +21,7 @@ from rankopt.postprocess import (
 )
 from rankopt.search import Embedder, Index
 
-from .conftest import write_checkpoint
+from .conftest import draw, write_checkpoint
 
 SCALES = (1.0, 0.5)
 
@@ -90,8 +90,6 @@ def test_dba_rewrites_the_indexed_vectors_and_qe_expands_queries(tree: Path, que
     index = Index.build(embedder, tree, postprocessing=PostProcessing(dba=dba), progress=False)
     assert torch.allclose(index.embeddings, database_augmentation(raw, dba), atol=1e-6)
     assert index.fingerprint == embedder.fingerprint  # DBA does not change how a query is embedded
-    with pytest.raises(ValueError, match="cannot be added"):
-        index.add(raw[:2])
     q = embedder.embed(queries).embeddings
     expanded = alpha_query_expansion(q, index.embeddings, qe)
     assert not torch.allclose(expanded, q)
@@ -109,6 +107,45 @@ def test_dba_rewrites_the_indexed_vectors_and_qe_expands_queries(tree: Path, que
     assert torch.equal(loaded.search(q, 4).rows, result.rows)
     plain = loaded.search(q, 4, qe=Expansion(0))
     assert torch.equal(plain.rows, chunked_topk(q, index.embeddings, 4)[1])
+
+
+def _by_path(index: Index) -> dict[str, torch.Tensor]:
+    return {Path(p).name + Path(p).parent.name: v for p, v in zip(index.paths, index.embeddings)}
+
+
+def _same_vectors(index: Index, fresh: Index) -> None:
+    changed, built = _by_path(index), _by_path(fresh)
+    assert changed.keys() == built.keys()
+    for key, vector in built.items():
+        assert torch.allclose(changed[key], vector, atol=1e-6), key
+
+
+def test_a_dba_index_changes_as_a_fresh_build_of_its_items_would(tree: Path, checkpoint: Path, tmp_path: Path):
+    """Adding, removing and re-embedding items of a DBA index gives every item the vector that building the index
+    anew over the same images gives it (old items gain and lose neighbours); the model's own vectors are saved."""
+    embedder = Embedder.from_checkpoint(checkpoint, device="cpu", progress=False)
+    post = PostProcessing(dba=Expansion(k=2, alpha=3.0))
+    files = sorted(tree.rglob("*.png"))
+    first, rest = files[: len(files) // 2], files[len(files) // 2 :]
+    index = Index.build(embedder, first, postprocessing=post, progress=False)
+    before = index.embeddings.clone()
+    index.add(rest)
+    _same_vectors(index, Index.build(embedder, files, postprocessing=post, progress=False))
+    assert not torch.allclose(index.embeddings[: len(first)], before)  # old items took new neighbours
+    index.save(tmp_path / "idx")
+    loaded = Index.load(tmp_path / "idx")
+    assert torch.equal(loaded.unaugmented, index.unaugmented) and torch.equal(loaded.embeddings, index.embeddings)
+    loaded.remove(paths=[str(rest[0]), str(first[1])])
+    kept = [f for f in files if f not in (rest[0], first[1])]
+    _same_vectors(loaded, Index.build(embedder, kept, postprocessing=post, progress=False))
+    # a changed file is re-embedded and every neighbour recomputed
+    draw(first[0], (250, 250, 250), 7)
+    assert loaded.update()["changed"] == [loaded.ids[0]]
+    _same_vectors(loaded, Index.build(embedder, kept, postprocessing=post, progress=False))
+    # without the vectors before augmentation (a folder written before they were kept) no change is possible
+    loaded.unaugmented = None
+    with pytest.raises(ValueError, match="does not hold the vectors before augmentation, so items cannot be removed"):
+        loaded.remove(ids=[loaded.ids[0]])
 
 
 def test_cli_whiten_index_search_with_every_step(tree: Path, queries: Path, tmp_path: Path, capsys):

@@ -28,9 +28,9 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--device", default="auto", help="cpu, cuda, cuda:1, ... (default: auto)")
     parser.add_argument("--validation-fraction", type=float, default=0.2, metavar="F",
                         help="share of the classes held out for validation (0.2; at least 2 classes)")
-    parser.add_argument("--dba", action="store_true",
-                        help="also try database-side augmentation (the index can then be searched and served, but "
-                             "not changed: index-add/remove/update refuse it)")
+    parser.add_argument("--no-dba", dest="dba", action="store_false",
+                        help="do not try database-side augmentation (tried by default: each indexed vector averaged "
+                             "with its neighbours, recomputed for every item when the index changes)")
     add_threads_argument(parser)
     parser.set_defaults(func=run)
 

@@ -4,8 +4,8 @@ Scoring is self-retrieval on the validation photos (each query excluded from its
 own expansion). Whitening is fitted on the *training* classes' embeddings, never on the photos it is scored
 on. Greedy order, as the steps apply: the best whitening (none, PCA, supervised, each with a shrinkage)
 by validation mAP@R, then DBA ``(k, α)`` with it, then αQE with both; a step is kept only when it raises
-validation mAP@R. DBA is tried only on request (the index can then not be changed). The grids are those of ``benchmarks/landmark_toolbox.py`` (ICCV'19 §5 and its validated
-variants); results on Caltech-101 in ``benchmarks/results/landmark_toolbox_caltech101.md``.
+validation mAP@R (DBA is skipped on request). The grids are those of ``benchmarks/landmark_toolbox.py`` (ICCV'19 §5
+and its validated variants); results on Caltech-101 in ``benchmarks/results/landmark_toolbox_caltech101.md``.
 """
 
 from __future__ import annotations
@@ -18,7 +18,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from rankopt.metrics import evaluate
+from rankopt.config import EvalConfig
+from rankopt.engine.embed_and_score import CATEGORY, EmbeddedSplit, score
 from rankopt.postprocess import Expansion, PostProcessing, Whitening, fit_pca_whitening, fit_supervised_whitening
 
 METRICS = ("map@r", "recall@1")
@@ -30,6 +31,8 @@ computations of one embedding (cached trunk vs a query's forward) could turn int
 PCA_POWER = 0.5
 EXPANSION_KS = (1, 2, 3, 5, 10)
 EXPANSION_ALPHAS = (1.0, 2.0, 3.0)
+MIN_GAIN_SE = 1.0
+"""The fitted pipeline is served when its validation gain exceeds this many standard errors (:func:`served_pipeline`)."""
 
 
 def stable(whitening: Whitening, x: torch.Tensor, noise: float = STABILITY_NOISE) -> bool:
@@ -93,27 +96,23 @@ class PostChoice:
 
 
 def score_self_retrieval(x: torch.Tensor, labels: np.ndarray, post: PostProcessing | None = None, *,
-                         categories: Sequence[str] | None = None) -> dict[str, float] | tuple[dict, dict]:
-    """``{metric: value}`` of self-retrieval among ``x`` with ``post`` (whitening, DBA, αQE) applied; with
-    ``categories`` (one per row) also ``{category: {metric: value}}``."""
-    y = torch.as_tensor(labels).long()
-    post = post or PostProcessing()
-    x = post.whiten(x)
-    if post.expands:
-        query, gallery = post.expand(x, None)
-        result = evaluate(query, y, gallery, y, metrics=list(METRICS), query_ref_index=torch.arange(len(y)),
-                          query_categories=categories)
-    else:
-        result = evaluate(x, y, metrics=list(METRICS), query_categories=categories)
+                         categories: Sequence[str] | None = None, metrics: Sequence[str] = METRICS
+                         ) -> dict[str, float] | tuple[dict, dict]:
+    """``{metric: value}`` of self-retrieval among ``x`` with ``post`` (whitening, DBA, αQE) applied, as
+    ``rankopt evaluate`` scores it (:func:`rankopt.engine.embed_and_score.score`); with ``categories`` (one per
+    row) also ``{category: {metric: value}}``."""
+    y = torch.as_tensor(np.asarray(labels)).long().reshape(len(labels), -1)
+    split = EmbeddedSplit(x, y, [], {} if categories is None else {CATEGORY: list(categories)})
+    result = score([split], EvalConfig(), metrics=list(metrics), postprocessing=post)
     if categories is None:
         return dict(result.metrics)
     return dict(result.metrics), {name: dict(r.metrics) for name, r in result.by_category.items()}
 
 
 def choose_postprocessing(train_x: torch.Tensor, train_labels: np.ndarray, val_x: torch.Tensor,
-                          val_labels: np.ndarray, *, dba: bool = False) -> PostChoice:
-    """The greedy choice on validation (module docstring); ``train_*`` fit the whitenings. DBA is tried only when
-    ``dba``: it makes each indexed vector depend on its neighbours, so the index can no longer be changed."""
+                          val_labels: np.ndarray, *, dba: bool = True) -> PostChoice:
+    """The greedy choice on validation (module docstring); ``train_*`` fit the whitenings; ``dba=False``: DBA is
+    not tried."""
     tried: list[tuple[str, float]] = []
 
     def score(post: PostProcessing, what: str) -> float:
@@ -144,3 +143,19 @@ def choose_postprocessing(train_x: torch.Tensor, train_labels: np.ndarray, val_x
             best_qe, best = Expansion(k, alpha), value
     metrics = score_self_retrieval(val_x, val_labels, PostProcessing(None, best_white, best_dba, best_qe))
     return PostChoice(best_w, best_dba, best_qe, metrics, tried, best_white)  # type: ignore[arg-type]
+
+
+def served_pipeline(features_by_class: dict[str, dict[str, float]],
+                    fitted_by_class: dict[str, dict[str, float]]) -> tuple[str, str]:
+    """``("fitted" | "features", why)``: the fitted model's pipeline is served when its mean gain over the features'
+    pipeline per validation class, ``ḡ = mean_c(mAP@R_fitted(c) − mAP@R_features(c))``, each with its chosen
+    post-processing, exceeds :data:`MIN_GAIN_SE` standard errors of those gains; a smaller gain is not told from
+    luck on these classes, and the untrained pipeline is served."""
+    gains = np.array([fitted_by_class[c][SELECT_ON] - features_by_class[c][SELECT_ON] for c in features_by_class])
+    mean = float(gains.mean())
+    se = float(gains.std(ddof=1) / np.sqrt(gains.size)) if gains.size > 1 else float("inf")
+    said = (f"fine-tuning adds {mean:+.4f} mAP@R per validation class on top of post-processing (standard error "
+            f"{se:.4f}, {gains.size} classes)")
+    if mean > 0 and mean > MIN_GAIN_SE * se:
+        return "fitted", f"{said}: the fitted pipeline is served"
+    return "features", f"{said}, not more than {MIN_GAIN_SE:g} standard error: the untrained pipeline is served"

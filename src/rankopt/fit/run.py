@@ -10,8 +10,9 @@ Stages (each prints one line with its time and the work left, :mod:`rankopt.fit.
 4. ``features``: the pretrained embeddings, scored on the validation classes;
 5. ``tune``: the tail fine-tuned by a rank loss, the learning rate chosen on validation (:mod:`rankopt.fit.tune`);
 6. ``post``: whitening, DBA, αQE chosen on validation for the features and for the fitted model
-   (:mod:`rankopt.fit.post`); the pipeline served is the better of the two on validation, so never worse than
-   the features;
+   (:mod:`rankopt.fit.post`); the fitted pipeline is served only when it beats the features' pipeline on the
+   validation classes by more than the luck of those classes (:func:`rankopt.fit.post.served_pipeline`), so never
+   worse than the features;
 7. ``index``: every photo's embedding with the chosen model and steps in ``RUN/index`` (a normal index), the
    model in ``RUN/model.ckpt``;
 8. ``report``: ``RUN/fit.json`` and ``RUN/report.html`` (:mod:`rankopt.fit.page`).
@@ -49,6 +50,7 @@ from rankopt.fit.post import (
     WhiteningChoice,
     choose_postprocessing,
     score_self_retrieval,
+    served_pipeline,
 )
 from rankopt.fit.scales import BUDGET_SHARE as SCALES_BUDGET_SHARE
 from rankopt.fit.scales import MultiScaleTrial, estimated_seconds, try_multiscale
@@ -93,7 +95,8 @@ class FitSettings:
     of 516): the grid moved back down (benchmarks/results/fit.md)."""
     batch_size: int = 64
     m: int = 4
-    dba: bool = False
+    dba: bool = True
+    """Whether DBA is tried on validation (the index stays changeable: its vectors are recomputed on a change)."""
 
 
 def check_run_folder(out: str | os.PathLike[str]) -> Path:
@@ -196,7 +199,8 @@ def fit(photos_source: str | os.PathLike[str], out: str | os.PathLike[str], sett
         seconds = max(0.0, clock.left() - sum(v for k, v in clock.planned.items() if k != "tune")
                       - 0.05 * clock.budget_s)
         clock.plan("tune", seconds)
-        tuned = _tune(tail, cache, train_rows, photos, validate, candidates, seconds, clock, settings)
+        tuned = tune(tail, cache, train_rows, photos.labels[train_rows], validate, candidates, seconds=seconds,
+                     clock=clock, batch_size=settings.batch_size, m=settings.m, seed=settings.seed)
         stage["done"] = (f"best on validation: {tuned.best_from} (mAP@R {tuned.best_metrics['map@r']:.4f}); "
                          f"{sum(t.steps for t in tuned.trials)} steps ({seconds:.0f} s were available)")
         if seconds < NO_TIME_S:
@@ -210,9 +214,12 @@ def fit(photos_source: str | os.PathLike[str], out: str | os.PathLike[str], sett
         choices = {name: choose_postprocessing(x[train_rows], photos.labels[train_rows], x[val_rows],
                                                photos.labels[val_rows], dba=settings.dba)
                    for name, x in (("features", features), ("fitted", fitted)) if x is not None}
-        served = max(choices, key=lambda k: (choices[k].metrics["map@r"], k == "features"))
+        by_class = {name: _validation_scores(x[val_rows], photos, val_rows, choices[name].steps(choices[name].fitted))[1]
+                    for name, x in (("features", features), ("fitted", fitted)) if x is not None}
+        served, served_why = ("features", "no fine-tuned state beat the features") if fitted is None else \
+            served_pipeline(by_class["features"], by_class["fitted"])
         stage["done"] = "; ".join(f"{k} + {c.describe()}: mAP@R {c.metrics['map@r']:.4f}" for k, c in choices.items())
-        stage["done"] += f"; serving {served}"
+        stage["done"] += f"; {served_why}"
     if served == "features":
         load_trainable(tail, tuned.pretrained_state)
     embeddings = features if served == "features" else fitted
@@ -235,7 +242,7 @@ def fit(photos_source: str | os.PathLike[str], out: str | os.PathLike[str], sett
         stage["done"] = f"{len(index):,} photos in {folder / 'index'} ({index.dim}-d, {_steps_text(index)})"
     with clock.stage("report") as stage:
         record = _record(settings, sizing, str(photos_source), photos, features_val, features_by_class, fitted,
-                         choices, served, tuned, clock, device, cfg.model.backbone, val_rows, checkpoint)
+                         choices, (served, served_why), tuned, clock, device, cfg.model.backbone, val_rows, checkpoint)
         record["chosen"]["why"].append(trial.note)
         record["chosen"]["multiscale"] = None if scales is None else list(scales)
         record["served"] = trial.choice.metrics if scales is not None and trial.choice else choices[served].metrics
@@ -248,12 +255,6 @@ def fit(photos_source: str | os.PathLike[str], out: str | os.PathLike[str], sett
     clock.line(f"finished in {clock_text(clock.elapsed())} (budget {clock_text(clock.budget_s)}): "
                f"rankopt serve {folder}")
     return record
-
-
-def _tune(tail: Any, cache: TrunkCache, train_rows: np.ndarray, photos: Photos, validate: Callable, candidates: list,
-          seconds: float, clock: Clock, settings: FitSettings) -> TuneResult:
-    return tune(tail, cache, train_rows, photos.labels[train_rows], validate, candidates, seconds=max(seconds, 0.0),
-                clock=clock, batch_size=settings.batch_size, m=settings.m, seed=settings.seed)
 
 
 def _steps_text(index: Index) -> str:
@@ -298,8 +299,9 @@ def _check_parity(embedder: Embedder, photos: Photos, vectors: torch.Tensor, cou
 
 
 def _record(settings: FitSettings, sizing: Sizing, source: str, photos: Photos, features_val: dict, features_by_class: dict,
-            fitted: torch.Tensor | None, choices: dict[str, PostChoice], served: str, tuned: TuneResult, clock: Clock,
-            device: torch.device, backbone: str, val_rows: np.ndarray, checkpoint: Path) -> dict[str, Any]:
+            fitted: torch.Tensor | None, choices: dict[str, PostChoice], served_why: tuple[str, str], tuned: TuneResult,
+            clock: Clock, device: torch.device, backbone: str, val_rows: np.ndarray, checkpoint: Path) -> dict[str, Any]:
+    served = served_why[0]
     fitted_val, fitted_by_class = (tuned.pretrained, features_by_class) if fitted is None else \
         _validation_scores(fitted[val_rows], photos, val_rows)
     why = [f"learning rate and state chosen by validation mAP@R among {', '.join(t.candidate.describe() for t in tuned.trials)}"
@@ -312,7 +314,9 @@ def _record(settings: FitSettings, sizing: Sizing, source: str, photos: Photos, 
     if held < SMALL_VALIDATION_CLASSES or val_rows.size < SMALL_VALIDATION_PHOTOS:
         why.append(f"caution: validation holds only {held} classes ({val_rows.size} photos), too few to tell small "
                    "gains from luck; with so few photos a fit can learn little, and its choices are rough guesses")
-    why.append(f"served: {served} + {choices[served].describe()} (the better on validation mAP@R: " +
+    if fitted is not None:
+        why.append(served_why[1])
+    why.append(f"served: {served} + {choices[served].describe()} (validation mAP@R: " +
                ", ".join(f"{k} {c.metrics['map@r']:.4f}" for k, c in choices.items()) + ")")
     return {
         "photos": source,

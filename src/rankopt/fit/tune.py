@@ -6,8 +6,9 @@ then trains on for the rest. Every evaluation is kept: the state returned is the
 validation, and the pretrained state itself is among them (scored before any step), so a fit is never
 worse than the features it started from on validation. At most :data:`MAX_EPOCHS` passes over the training photos
 are made, so a small folder finishes early. Batches: ``m`` photos of each of
-``batch_size / m`` classes, each photo centred or mirrored at random; Adam with a linear warm-up over
-:data:`WARMUP_STEPS` steps, BatchNorm statistics frozen (the trunk is not trained at all).
+``batch_size / m`` classes, each photo centred or mirrored at random; Adam (the trainer's,
+:func:`rankopt.engine.optim.build_optimizer`) with the :data:`WARMUP` schedule, BatchNorm statistics frozen (the
+trunk is not trained at all).
 """
 
 from __future__ import annotations
@@ -23,7 +24,9 @@ import torch
 from torch import nn
 
 from rankopt import losses
+from rankopt.config import OptimizerConfig, ScheduleConfig
 from rankopt.data.samplers import build_batch_sampler
+from rankopt.engine.optim import build_optimizer, lr_factor
 from rankopt.fit.clock import Clock
 from rankopt.fit.trunk import TrunkCache
 
@@ -31,7 +34,9 @@ MAX_EPOCHS = 20
 """Most passes over the training photos a fit makes (all candidates together): a small folder finishes early."""
 FIRST_ROUND_SHARE = 0.6
 EVALUATIONS_PER_SHARE = 4
-WARMUP_STEPS = 10
+WARMUP = ScheduleConfig(name="constant", interval="step", warmup=10)
+"""A linear warm-up over the first 10 steps, then the candidate's learning rate."""
+WEIGHT_DECAY = 1e-4
 SELECT_ON = "map@r"
 
 
@@ -123,7 +128,7 @@ def tune(tail: nn.Module, cache: TrunkCache, train_rows: np.ndarray, train_label
         load_trainable(tail, trial.state)
         loss_fn = losses.build(trial.candidate.loss).to(device)
         params = [p for p in tail.parameters() if p.requires_grad]
-        optimizer = torch.optim.Adam(params, lr=trial.candidate.lr, weight_decay=1e-4)
+        optimizer = build_optimizer(params, OptimizerConfig("adam", trial.candidate.lr, WEIGHT_DECAY))
         if trial.optimizer_state is not None:
             optimizer.load_state_dict(trial.optimizer_state)
         until, last_step = time.monotonic() + share, trial.steps + max(1, steps)
@@ -138,7 +143,7 @@ def tune(tail: nn.Module, cache: TrunkCache, train_rows: np.ndarray, train_label
             x = cache.features(rows, mirror).to(device)
             y = torch.as_tensor(train_labels[picks], device=device)
             for group in optimizer.param_groups:
-                group["lr"] = trial.candidate.lr * min(1.0, (trial.steps + 1) / WARMUP_STEPS)
+                group["lr"] = trial.candidate.lr * lr_factor(WARMUP, trial.steps, total_steps)
             loss = loss_fn(tail(x), y)
             optimizer.zero_grad(set_to_none=True)
             loss.backward()

@@ -8,7 +8,8 @@ made with (:mod:`rankopt.models.fingerprint`); queries and additions from anothe
 
 The landmark toolbox (:mod:`rankopt.postprocess`) joins in: multi-scale embedding and whitening are part of the
 index's embedding pipeline (and fingerprint) and are applied to image queries too; database-side augmentation (DBA)
-rewrites the indexed vectors when the index is built; αQE expands the queries at search time (its own or ``qe=``).
+rewrites the indexed vectors (the model's own are kept, so a DBA index can still change: every change recomputes the
+augmentation of all items, as a fresh build would); αQE expands the queries at search time (its own or ``qe=``).
 
 Items keep stable string ids through every change (:mod:`rankopt.search.items`), carry metadata
 columns that results return and filters select on (:mod:`rankopt.search.metadata`; a filtered search
@@ -33,14 +34,14 @@ import numpy as np
 import torch
 from torch import nn
 
-from rankopt import checks
+from rankopt.checks import cpu_embeddings, cpu_labels
 from rankopt.engine.embed_and_score import EmbeddedSplit
 from rankopt.postprocess import Expansion, PostProcessing, alpha_query_expansion, database_augmentation
 from rankopt.search import storage
 from rankopt.search.approximate import Faiss
 from rankopt.search.backend import Backend, Exact, exact_search
 from rankopt.search.embedder import Embedder, ImageSource, as_dataset, base_preprocessing, stored_post
-from rankopt.search.items import IndexItems, changed_files, crop_dataset, dataset_items
+from rankopt.search.items import IndexItems, changed_files, crop_dataset, dataset_items, item_paths
 from rankopt.search.label_names import (default_level_names, dataset_label_names, label_texts, labels_of_paths,
                                    merge_labels)
 from rankopt.search.metadata import LABEL_KEY, Columns, Filter, MetadataSource, aligned_columns, filter_mask
@@ -65,7 +66,7 @@ class Index:
                  fingerprint: str, preprocessing: Mapping[str, Any], similarity: str,
                  level_names: Sequence[str] = ("class",), label_names: LabelNames | None = None,
                  faiss_index: Any = None, record: IndexInfo | None = None, embedder: Embedder | None = None,
-                 post: PostProcessing | None = None) -> None:
+                 post: PostProcessing | None = None, unaugmented: torch.Tensor | None = None) -> None:
         if similarity not in SIMILARITIES:
             raise ValueError(f"unknown similarity {similarity!r}; use one of {', '.join(SIMILARITIES)}")
         self.embeddings = embeddings
@@ -80,6 +81,10 @@ class Index:
         self.label_names = label_names
         self.record = record or IndexInfo()
         """Its provenance and backend settings as ``index.json`` stores them."""
+        if unaugmented is not None and tuple(unaugmented.shape) != tuple(embeddings.shape):
+            raise ValueError(f"{tuple(unaugmented.shape)} vectors before DBA for {tuple(embeddings.shape)} embeddings")
+        self.unaugmented = unaugmented
+        """With DBA: the model's vectors that :attr:`embeddings` were augmented from (else ``None``)."""
         self.searcher: Backend = (Qdrant(self.record.qdrant) if self.record.qdrant else
                                   Faiss(faiss_index, self.record.faiss, similarity) if faiss_index is not None else
                                   Exact())
@@ -134,8 +139,9 @@ class Index:
         """The index of ``dataset`` embedded into ``split`` by ``embedder`` (``postprocessing``'s embedding steps
         set), as :meth:`build` makes it: DBA rewrites the vectors, αQE is stored for every later search."""
         record = IndexInfo(checkpoint=embedder.checkpoint, model=embedder.summary)
-        vectors = split.embeddings
+        vectors, unaugmented = split.embeddings, None
         if postprocessing is not None and postprocessing.dba is not None:
+            unaugmented = vectors
             vectors = database_augmentation(vectors, postprocessing.dba, similarity=similarity)
             record.dba = dataclasses.asdict(postprocessing.dba)
         if postprocessing is not None and postprocessing.qe is not None:
@@ -143,7 +149,8 @@ class Index:
         items = IndexItems.new(len(split.paths), split.paths, **dataset_items(dataset, split.paths, metadata))
         index = cls(vectors, split.labels, items, fingerprint=embedder.fingerprint,
                     preprocessing=embedder.preprocessing, similarity=similarity, level_names=dataset.level_names,
-                    label_names=dataset_label_names(dataset), record=record, embedder=embedder, post=embedder.post)
+                    label_names=dataset_label_names(dataset), record=record, embedder=embedder, post=embedder.post,
+                    unaugmented=unaugmented)
         return index._with_faiss(faiss, faiss_params, progress)
 
     @classmethod
@@ -157,14 +164,14 @@ class Index:
         embeddings with another fingerprint are refused). ``ids``: one string per row (default ``"0"``, ...);
         ``metadata``: ``{column: values}`` aligned with the rows, or a file / table keyed by path;
         ``label_names``: class names by label id per level."""
-        x = _embeddings(embeddings, "embeddings")
-        y = _labels(labels, x.shape[0])
-        item_paths = _paths(paths, x.shape[0])
+        x = cpu_embeddings(embeddings, "embeddings")
+        y = cpu_labels(labels, x.shape[0])
+        paths = item_paths(paths, x.shape[0])
         names = tuple(level_names) if level_names is not None else default_level_names(y.shape[1])
         if len(names) != y.shape[1]:
             raise ValueError(f"{len(names)} level names for labels with {y.shape[1]} levels")
-        columns, _ = aligned_columns(metadata, item_paths, x.shape[0])
-        items = IndexItems.new(x.shape[0], item_paths, ids=ids, metadata=columns)
+        columns, _ = aligned_columns(metadata, paths, x.shape[0])
+        items = IndexItems.new(x.shape[0], paths, ids=ids, metadata=columns)
         index = cls(x, y, items, fingerprint=fingerprint, preprocessing=preprocessing or {},
                     similarity=similarity, level_names=names, label_names=label_names)
         return index._with_faiss(faiss, faiss_params, progress)
@@ -278,12 +285,12 @@ class Index:
             if fingerprint is not None and fingerprint != self.fingerprint:
                 raise ValueError(f"the queries' fingerprint {fingerprint} is not the index's {self.fingerprint}: "
                                  "they were embedded by another model or preprocessing")
-            q = _embeddings(queries, "queries")
+            q = cpu_embeddings(queries, "queries")
         else:
             if fingerprint is not None:
                 raise ValueError("fingerprint= describes query embeddings; image queries are checked by their model")
             split = self.embedder_for(model, checkpoint).embed(queries, desc="embedding queries")
-            q, query_paths = _embeddings(split.embeddings, "query embeddings"), split.paths
+            q, query_paths = cpu_embeddings(split.embeddings, "query embeddings"), split.paths
             query_labels = self.labels_of_paths(query_paths)
         if q.shape[1] != self.dim:
             raise ValueError(f"the queries have dimension {q.shape[1]} but the index holds {self.dim}-d embeddings")
@@ -369,14 +376,14 @@ class Index:
             model: nn.Module | Embedder | None = None, checkpoint: str | os.PathLike[str] | None = None) -> Index:
         """Append embeddings (``fingerprint`` checked when given; ``ids``, ``metadata`` as :meth:`from_embeddings`)
         or images (embedded like image queries, labels merged by class name; ``metadata`` as :meth:`build`); returns
-        ``self``. New items get new ids; a path already indexed is refused; a DBA index cannot change."""
-        self._require_independent("items cannot be added")
+        ``self``. New items get new ids; a path already indexed is refused."""
+        self._require_changeable("items cannot be added")
         if isinstance(images_or_embeddings, (torch.Tensor, np.ndarray)):
             if fingerprint is not None and fingerprint != self.fingerprint:
                 raise ValueError(f"the added embeddings' fingerprint {fingerprint} is not the index's "
                                  f"{self.fingerprint}")
-            x = _embeddings(images_or_embeddings, "added embeddings")
-            y, names, new_paths = _labels(labels, x.shape[0]), None, _paths(paths, x.shape[0])
+            x = cpu_embeddings(images_or_embeddings, "added embeddings")
+            y, names, new_paths = cpu_labels(labels, x.shape[0]), None, item_paths(paths, x.shape[0])
             columns, _ = aligned_columns(metadata, new_paths, x.shape[0], "added metadata")
             new_items = {"ids": ids, "metadata": columns}
         else:
@@ -389,18 +396,19 @@ class Index:
             new_items = dataset_items(dataset, new_paths, metadata)
         if x.shape[1] != self.dim:
             raise ValueError(f"the added embeddings have dimension {x.shape[1]} but the index holds {self.dim}-d ones")
-        items = self.items.extended(x.shape[0], new_paths, **new_items)
-        y = merge_labels(y, names, self.label_names, self.labels.shape[1])
-        self.embeddings = torch.cat([self.embeddings, x])
-        self.labels = torch.cat([self.labels, y])
-        self.items = items
-        self.searcher.changed(self, added=x.shape[0])
+        self.items = self.items.extended(x.shape[0], new_paths, **new_items)
+        self.labels = torch.cat([self.labels, merge_labels(y, names, self.label_names, self.labels.shape[1])])
+        if self.unaugmented is None:
+            self.embeddings = torch.cat([self.embeddings, x])
+            self.searcher.changed(self, added=x.shape[0])
+        else:  # new neighbours move the augmented vectors of old items too
+            self._augment(torch.cat([self.unaugmented, x]))
         return self
 
     def remove(self, ids: Sequence[str] = (), paths: Sequence[str] = ()) -> list[str]:
         """Remove the items with these ``ids`` or ``paths`` (an unknown one is a ``ValueError`` naming it; nothing
         is removed then); returns the removed ids. Removed ids are never given to new items."""
-        self._require_independent("items cannot be removed")
+        self._require_changeable("items cannot be removed")
         rows = self.items.rows_of(ids, paths)
         removed = [self.ids[r] for r in rows.tolist()]
         self._keep(np.setdiff1d(np.arange(len(self)), rows))
@@ -411,7 +419,7 @@ class Index:
         """Re-embed the items whose file changed since indexed (size or mtime moved and sha256 differs) and
         remove those whose file vanished; items without a file stamp (given as embeddings) are left alone.
         Ids, labels and metadata stay. Returns ``{"changed": [ids], "removed": [ids], "checked": n}``."""
-        self._require_independent("items cannot be updated")
+        self._require_changeable("items cannot be updated")
         changed, vanished, restamped = changed_files(self.items)
         checked = sum(stamp is not None for stamp in self.items.stamps or [])
         if restamped:
@@ -422,8 +430,9 @@ class Index:
         if changed:
             x = self.embedder_for(model, checkpoint).embed(crop_dataset(self.items, changed),
                                                            desc="re-embedding").embeddings
-            self.embeddings = self.embeddings.clone()
-            self.embeddings[torch.tensor(changed)] = _embeddings(x, "re-embedded items")
+            name = "embeddings" if self.unaugmented is None else "unaugmented"  # DBA: recomputed by _keep below
+            setattr(self, name, getattr(self, name).clone())
+            getattr(self, name)[torch.tensor(changed)] = cpu_embeddings(x, "re-embedded items")
         if vanished or changed:
             self._keep(np.setdiff1d(np.arange(len(self)), vanished))
         return result
@@ -431,14 +440,24 @@ class Index:
     def _keep(self, rows: np.ndarray) -> None:
         """Keep the items at ``rows`` (sorted), the backend in step with them."""
         take = torch.from_numpy(rows)
-        self.embeddings, self.labels, self.items = self.embeddings[take], self.labels[take], self.items.selected(rows)
+        self.labels, self.items = self.labels[take], self.items.selected(rows)
+        if self.unaugmented is None:
+            self.embeddings = self.embeddings[take]
+            self.searcher.changed(self)
+        else:
+            self._augment(self.unaugmented[take])
+
+    def _augment(self, unaugmented: torch.Tensor) -> None:
+        """Every indexed vector recomputed by DBA from the model's as :meth:`from_split` does (O(N²·D))."""
+        self.unaugmented = unaugmented
+        self.embeddings = database_augmentation(unaugmented, Expansion(**self.record.dba), similarity=self.similarity)
         self.searcher.changed(self)
 
-    def _require_independent(self, what: str) -> None:
-        """Refuse a change to an index built with DBA: each vector depends on its neighbours (rebuild it)."""
-        if self.record.dba:
-            raise ValueError(f"this index was built with database-side augmentation (DBA {self.record.dba}): each "
-                             f"vector depends on its neighbours, so {what}; rebuild the index")
+    def _require_changeable(self, what: str) -> None:
+        """Refuse to change a DBA index without the model's own vectors (saved before they were kept, imported)."""
+        if self.record.dba and self.unaugmented is None:
+            raise ValueError(f"this index was built with database-side augmentation (DBA {self.record.dba}) but "
+                             f"does not hold the vectors before augmentation, so {what}; rebuild the index")
 
     # ------------------------------------------------------------------ persistence
     def save(self, directory: str | os.PathLike[str]) -> Path:
@@ -446,7 +465,7 @@ class Index:
         items = {**self.items.to_json(), "level_names": list(self.level_names), "label_names": self.label_names}
         stored = storage.StoredIndex(self.embeddings, self.labels, self.fingerprint, self.similarity,
                                      self.preprocessing, self.record, items, self.items.next_id, self.faiss_index,
-                                     None if self.post is None else self.post.whitening)
+                                     None if self.post is None else self.post.whitening, unaugmented=self.unaugmented)
         with self.searcher.saving(self, directory):  # e.g. a Qdrant collection synced after the folder is written
             folder = storage.write(directory, stored)
             (self.record.uid, self.record.version), self.folder = storage.identity(folder), folder
@@ -463,7 +482,7 @@ class Index:
                     preprocessing=stored.preprocessing, similarity=stored.similarity,
                     level_names=stored.items["level_names"], label_names=stored.items.get("label_names"),
                     faiss_index=stored.faiss_index, record=stored.info,
-                    post=stored_post(stored.preprocessing, stored.whitening))
+                    post=stored_post(stored.preprocessing, stored.whitening), unaugmented=stored.unaugmented)
         index.folder = Path(directory)
         return index
 
@@ -477,24 +496,3 @@ class Index:
             index = cls.load(directory)
             yield index
             index.save(directory)
-
-
-# ---------------------------------------------------------------------- helpers
-def _embeddings(x: Embeddings, name: str) -> torch.Tensor:
-    tensor = torch.from_numpy(np.asarray(x)) if isinstance(x, np.ndarray) else x
-    return checks.check_embeddings(tensor, name).detach().float().cpu()
-
-
-def _labels(labels: Embeddings | None, rows: int) -> torch.Tensor:
-    if labels is None:
-        return torch.full((rows, 1), -1, dtype=torch.long)
-    tensor = torch.from_numpy(np.asarray(labels)) if isinstance(labels, np.ndarray) else labels
-    return checks.check_labels(tensor, rows, "labels").cpu()
-
-
-def _paths(paths: Sequence[str] | None, rows: int) -> list[str] | None:
-    if paths is None:
-        return None
-    if len(paths) != rows:
-        raise ValueError(f"{len(paths)} paths for {rows} embeddings")
-    return [str(p) for p in paths]

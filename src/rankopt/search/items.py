@@ -176,6 +176,15 @@ def _check_unique(ids: Sequence[str], what: str) -> None:
         raise ValueError(f"{what} are not unique: {twice!r} appears more than once")
 
 
+def item_paths(paths: Sequence[str] | None, rows: int) -> list[str] | None:
+    """``paths`` as strings, one per row (``ValueError`` otherwise); ``None`` stays ``None``."""
+    if paths is None:
+        return None
+    if len(paths) != rows:
+        raise ValueError(f"{len(paths)} paths for {rows} embeddings")
+    return [str(p) for p in paths]
+
+
 def dataset_items(dataset: Any, paths: Sequence[str], metadata: Any = None) -> dict[str, Any]:
     """``IndexItems.extended`` keywords for the embedded items of ``dataset`` (a ``RetrievalDataset``): its
     per-item columns (an ``id`` column gives the ids) and ``metadata`` (:func:`rankopt.search.metadata.aligned_columns`:

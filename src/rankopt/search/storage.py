@@ -11,7 +11,8 @@ file                           content
                                data folder below
 ``vNNNNNN/items.json``         ``ids``, ``paths`` (or null), ``level_names``, ``label_names`` (per level, by label
                                id, or null), ``metadata`` (columns), ``stamps``, ``crops`` (:mod:`.items`)
-``vNNNNNN/embeddings.safetensors``  ``embeddings`` float32 ``(count, dim)``, ``labels`` int64 ``(count, L)``
+``vNNNNNN/embeddings.safetensors``  ``embeddings`` float32 ``(count, dim)``, ``labels`` int64 ``(count, L)``; with DBA
+                                    also ``unaugmented`` float32 ``(count, dim)``, the vectors before augmentation
 ``vNNNNNN/faiss.index``        the faiss index (``faiss.write_index``), only when one was built
 ``vNNNNNN/whitening.safetensors``  the learned whitening of the embeddings (``rankopt.postprocess``), only when used
 ``.lock``                      taken (``flock``) by a writer for the whole change
@@ -85,6 +86,8 @@ class StoredIndex:
     whitening: Whitening | None = None
     data: str = ""
     """The data folder it was read from (``""``: a format-1 folder, its files beside ``index.json``)."""
+    unaugmented: torch.Tensor | None = None
+    """With DBA: the vectors before augmentation (``None``: not kept)."""
 
     def description(self) -> dict[str, Any]:
         """``index.json`` but for the entries of the version written (uid, version, data, changed)."""
@@ -136,8 +139,11 @@ def _write_version(folder: Path, stored: StoredIndex, version: int, uid: str) ->
     data = folder / name
     tmp = Path(tempfile.mkdtemp(prefix=f".{name}.", suffix=".tmp", dir=folder))
     try:
-        save_file({"embeddings": stored.embeddings.detach().float().cpu().contiguous(),
-                   "labels": stored.labels.detach().long().cpu().contiguous()}, str(tmp / EMBEDDINGS))
+        tensors = {"embeddings": stored.embeddings, "labels": stored.labels.long()}
+        if stored.unaugmented is not None:
+            tensors["unaugmented"] = stored.unaugmented
+        save_file({name: t.detach().cpu().contiguous() if name == "labels" else t.detach().float().cpu().contiguous()
+                   for name, t in tensors.items()}, str(tmp / EMBEDDINGS))
         (tmp / ITEMS_JSON).write_text(json.dumps(stored.items), encoding="utf-8")
         if stored.faiss_index is not None:
             approximate.write(stored.faiss_index, tmp / FAISS_INDEX)
@@ -302,15 +308,21 @@ def _read_version(folder: Path, info: dict[str, Any]) -> StoredIndex:
     paths = items.get("paths")
     if paths is not None and len(paths) != count:
         raise ValueError(f"{data / ITEMS_JSON} lists {len(paths)} paths but {INDEX_JSON} says count={count}")
-    embeddings, labels = _read_tensors(data / EMBEDDINGS)
-    if tuple(embeddings.shape) != (count, dim) or embeddings.dtype != torch.float32:
-        raise ValueError(f"{data / EMBEDDINGS}: embeddings are {embeddings.dtype} {tuple(embeddings.shape)}, "
-                         f"expected float32 ({count}, {dim}) as {INDEX_JSON} says")
+    tensors = _read_tensors(data / EMBEDDINGS)
+    embeddings, labels, unaugmented = tensors["embeddings"], tensors["labels"], tensors.get("unaugmented")
+    for name, vectors in (("embeddings", embeddings), ("unaugmented", unaugmented)):
+        if vectors is None:
+            continue
+        if tuple(vectors.shape) != (count, dim) or vectors.dtype != torch.float32:
+            raise ValueError(f"{data / EMBEDDINGS}: {name} are {vectors.dtype} {tuple(vectors.shape)}, "
+                             f"expected float32 ({count}, {dim}) as {INDEX_JSON} says")
+        if not bool(torch.isfinite(vectors).all()):
+            raise ValueError(f"{data / EMBEDDINGS}: {name} hold NaN or Inf values")
     if labels.ndim != 2 or labels.shape[0] != count or labels.dtype != torch.int64:
         raise ValueError(f"{data / EMBEDDINGS}: labels are {labels.dtype} {tuple(labels.shape)}, "
                          f"expected int64 ({count}, L)")
-    if not bool(torch.isfinite(embeddings).all()):
-        raise ValueError(f"{data / EMBEDDINGS}: embeddings hold NaN or Inf values")
+    if unaugmented is not None and not info.get("dba"):
+        raise ValueError(f"{data / EMBEDDINGS} holds vectors before augmentation but {INDEX_JSON} names no DBA")
     _check_names(data / ITEMS_JSON, items, labels)
     faiss_index = None
     if info.get("faiss"):
@@ -325,7 +337,7 @@ def _read_version(folder: Path, info: dict[str, Any]) -> StoredIndex:
         approximate.set_params(faiss_index, info["faiss"].get("params"))
     return StoredIndex(embeddings, labels, info["fingerprint"], info["similarity"], info.get("preprocessing") or {},
                        IndexInfo.from_json(info), items, info.get("next_id"), faiss_index, _read_whitening(data, info),
-                       str(info.get("data", "")))
+                       str(info.get("data", "")), unaugmented)
 
 
 def _check_names(path: Path, items: dict[str, Any], labels: torch.Tensor) -> None:
@@ -370,7 +382,7 @@ def _read_json(path: Path) -> dict[str, Any]:
     return dict(value)
 
 
-def _read_tensors(path: Path) -> tuple[torch.Tensor, torch.Tensor]:
+def _read_tensors(path: Path) -> dict[str, torch.Tensor]:
     from safetensors.torch import load_file
 
     if not path.is_file():
@@ -382,4 +394,4 @@ def _read_tensors(path: Path) -> tuple[torch.Tensor, torch.Tensor]:
     missing = {"embeddings", "labels"} - set(tensors)
     if missing:
         raise ValueError(f"{path} has no {', '.join(sorted(missing))} tensor")
-    return tensors["embeddings"], tensors["labels"]
+    return tensors

@@ -10,7 +10,8 @@ import sys
 import pytest
 
 from rankopt.experiments import RunSpec, run_grid
-from rankopt.experiments.benchmark import LOSSES, benchmark_specs, select_learning_rate, tuning_specs
+from rankopt.describe import source_commit
+from rankopt.experiments.benchmark import LOSSES, benchmark_specs, extended_grid, select_learning_rate, tuning_specs
 from rankopt.experiments.runner import RunOutcome
 
 
@@ -18,7 +19,7 @@ def test_benchmark_grid_is_every_loss_times_every_seed(tmp_path):
     root = str(tmp_path)
     specs = benchmark_specs("omniglot", root=root, seeds=(0, 1))
     assert [s.name for s in specs[:3]] == ["smooth_ap-s0", "smooth_ap-s1", "sup_ap-s0"]
-    assert len(specs) == 2 * len(LOSSES) == 28
+    assert len(specs) == 2 * len(LOSSES) == 32
     assert {s.recipe for s in specs} == {"omniglot"}
     assert "loss.name=roadmap" in specs[4].overrides and "train.seed=0" in specs[4].overrides
     assert all(f"data.root={root}" in s.overrides for s in specs)
@@ -95,6 +96,20 @@ def test_grid_skips_finished_runs_and_resumes_interrupted_ones(omniglot, tmp_pat
     resumed = json.loads((interrupted / "report.json").read_text())["trained"]
     straight = json.loads((tmp_path / "grid" / "roadmap" / "report.json").read_text())["trained"]
     assert resumed == straight
+    # one run at a time instead of two: each still on one torch thread, so the same numbers to the last digit
+    alone = run_grid(specs[:1], tmp_path / "grid3", jobs=1)
+    assert [o.status for o in alone] == ["done"]
+    assert json.loads((tmp_path / "grid3" / "roadmap" / "report.json").read_text())["trained"] == straight
+    assert json.loads((tmp_path / "grid3" / "roadmap" / "report.json").read_text())["machine"]["torch_threads"] == 1
+    assert json.loads((tmp_path / "grid3" / "roadmap" / "run.json").read_text())["commit"] in (None, source_commit())
+
+
+def test_a_grid_whose_best_value_is_an_end_is_extended_one_step_beyond_it():
+    assert extended_grid([1e-5, 1e-4, 1e-3], 1e-3) == pytest.approx(1e-2)
+    assert extended_grid([1e-5, 3e-5, 1e-4], 1e-5) == pytest.approx(3.33e-6)
+    assert extended_grid([1e-5, 3e-5, 1e-4], 3e-5) is None
+    assert extended_grid([1e-5, 1e-4, 1e-3, 1e-2], 1e-2) == pytest.approx(1e-1)  # after one extension
+    assert extended_grid([1e-3], 1e-3) == pytest.approx(1e-2)
 
 
 def test_photo_and_face_benchmarks_have_reference_rows_and_need_their_weights(tmp_path, monkeypatch):
@@ -107,7 +122,14 @@ def test_photo_and_face_benchmarks_have_reference_rows_and_need_their_weights(tm
     specs = benchmark_specs("caltech101", root=str(tmp_path), seeds=(0,), weights=str(weights))
     by_name = {s.name: s for s in specs}
     assert {"pretrained-s0", "roadmap_random_init-s0", "multi_similarity-s0", "contrastive-s0"} <= set(by_name)
-    assert len(specs) == 12  # ten losses and two reference rows
+    assert len(specs) == 15  # thirteen losses and two reference rows
+    for row in ("proxy_anchor", "arcface", "normalized_softmax", "rod_ap"):  # class weights from class means
+        assert load_config("caltech101", list(by_name[f"{row}-s0"].overrides)).loss.init == "class_means"
+    assert load_config("caltech101", list(by_name["supcon-s0"].overrides)).loss.init == "random"
+    faces_rows = {s.name: s for s in benchmark_specs("yaleb", root=str(tmp_path), seeds=(0,), weights=str(weights))}
+    summed = load_config("yaleb_mobilefacenet", list(faces_rows["arcface_smooth_ap-s0"].overrides))
+    assert summed.loss.name == "arcface+smooth_ap" and summed.loss.init == "class_means"
+    assert summed.loss.kwargs["smooth_ap"]["tau"] == 0.01
     assert "train.epochs=0" in by_name["pretrained-s0"].overrides
     assert f"model.kwargs.pretrained_path={weights}" in by_name["smooth_ap-s0"].overrides
     random_init = load_config("caltech101", list(by_name["roadmap_random_init-s0"].overrides))

@@ -74,7 +74,7 @@ def test_the_description_covers_every_route(fuzzed_app):
 
     with TestClient(fuzzed_app) as client:
         spec = client.get("/openapi.json").json()
-    assert set(spec["paths"]) == {"/search", "/items/{item_id}", "/thumbnails/{item_id}", "/health", "/metrics"}
+    assert set(spec["paths"]) == {"/search", "/embed", "/items/{item_id}", "/thumbnails/{item_id}", "/health", "/metrics"}
     body = spec["paths"]["/search"]["post"]["requestBody"]["content"]
     assert set(body) == {"multipart/form-data", "application/json"}
     assert {"400", "401", "404", "413", "415", "421"} <= set(spec["paths"]["/search"]["post"]["responses"])

@@ -258,7 +258,7 @@ def test_command_line_values_are_checked(index_dir, capsys):
     from rankopt.cli import main
 
     for args, message in ((["--port", "99999"], "between 1 and 65535"), (["--port", "0"], "between 1 and 65535"),
-                          (["--reload-every", "-1"], ">= 0"), (["--max-k", "0"], ">= 1"),
+                          (["--reload-every", "-1"], ">= 0"), (["--max-k", "0"], ">= 1"), (["--max-images", "0"], ">= 1"),
                           (["--max-pixels", "many"], "expected an integer"), (["--request-timeout", "0"], ">= 0.001")):
         with pytest.raises(SystemExit) as exit_:
             main(["serve", str(index_dir), *args])

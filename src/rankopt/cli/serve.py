@@ -1,7 +1,8 @@
 """``rankopt serve INDEX_DIR [--host 127.0.0.1] [--port 8080] [--token T]``: the HTTP search service.
 
-Serves the index folder written by ``rankopt index`` (:mod:`rankopt.serve`): ``POST /search``,
-``GET /items/{id}``, ``/thumbnails/{id}``, ``/health``, ``/metrics`` and the search page at ``/``.
+Serves the index folder written by ``rankopt index`` (:mod:`rankopt.serve`): ``POST /search``, ``POST /embed``,
+``GET /items/{id}``, ``/thumbnails/{id}``, ``/health``, ``/metrics`` and the search page at ``/``
+(:class:`rankopt.client.SearchClient` calls them from Python).
 Image queries are embedded by the index's checkpoint (or ``--checkpoint`` / ``--onnx``, whose
 fingerprint must be the index's); the index is reloaded when the folder changes. Binding another
 host than the loopback needs ``--token`` (or ``RANKOPT_SERVE_TOKEN``). Needs ``pip install 'rankopt[serve]'``.
@@ -40,8 +41,9 @@ def register(subparsers: Any) -> None:
     parser = subparsers.add_parser(
         "serve", help="serve an index over HTTP: search API and search page",
         description="Serve an index folder (rankopt index) over HTTP: POST /search with an image upload, "
-                    "JSON base64 image, vector or item id; GET /items/ID, /thumbnails/ID, /health, /metrics; "
-                    "the search page at /.")
+                    "JSON base64 image, vector or item id; POST /embed with images (their embeddings and the "
+                    "model's fingerprint); GET /items/ID, /thumbnails/ID, /health, /metrics; the search page at /. "
+                    "From Python: rankopt.client.SearchClient.")
     add_index_argument(parser)
     parser.add_argument("--host", default="127.0.0.1", help="interface to bind (127.0.0.1; others need --token)")
     parser.add_argument("--port", type=bounded(int, 1, 65535), default=8080, help="port, 1-65535 (8080)")
@@ -59,6 +61,8 @@ def register(subparsers: Any) -> None:
                         help="largest image width x height accepted (50000000)")
     parser.add_argument("--max-k", type=bounded(int, 1), default=1000, metavar="K",
                         help="largest k a query may ask (1000)")
+    parser.add_argument("--max-images", type=bounded(int, 1), default=64, metavar="N",
+                        help="images one POST /embed may send (64)")
     parser.add_argument("--formats", metavar="F,F,...",
                         help="image formats accepted, Pillow's names (default: JPEG,PNG,WEBP,GIF,BMP,TIFF)")
     parser.add_argument("--max-batch", type=bounded(int, 1), default=32, metavar="B",
@@ -87,6 +91,7 @@ def run(args: argparse.Namespace) -> int:
     from rankopt.serve.server import serve
 
     limits = Limits(max_upload_bytes=int(args.max_upload_mb * 2**20), max_pixels=args.max_pixels, max_k=args.max_k,
+                    max_images=args.max_images,
                     **({} if args.formats is None else {"formats": check_formats(args.formats)}))
     settings = Settings(limits=limits, token=args.token or None, hosts=HostRule(args.host, tuple(args.allow_host)),
                         cors_origins=tuple(args.cors), max_batch=args.max_batch, max_wait_ms=args.batch_wait_ms,

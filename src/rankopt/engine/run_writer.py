@@ -21,7 +21,7 @@ import torch
 from rankopt import __version__
 from rankopt.config import ExperimentConfig, save_config
 from rankopt.console import echo
-from rankopt.describe import machine_info, model_info
+from rankopt.describe import machine_info, model_info, source_commit
 from rankopt.engine.embed_and_score import EmbeddedSplit
 from rankopt.engine.logging import METRICS_JSON
 from rankopt.files import write_text_atomic
@@ -43,7 +43,7 @@ def write_run_info(run_dir: Path, info: Mapping[str, Any], device: torch.device 
         record.setdefault("resumed_utc", []).append(now)
     else:
         record = {"recipe": None, "overrides": [], "command": " ".join(sys.argv), **info, "started_utc": now,
-                  "rankopt_version": __version__, "machine": machine_info(device)}
+                  "rankopt_version": __version__, "commit": source_commit(), "machine": machine_info(device)}
     return write_text_atomic(path, json.dumps(record, indent=2))
 
 

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 
-from rankopt.experiments.runner import RunOutcome, RunSpec, run_grid
+from rankopt.experiments.runner import RUN_THREADS, RunOutcome, RunSpec, run_grid
 from rankopt.report import compare_runs, write_comparison
 
 LOSSES: dict[str, tuple[str, ...]] = {
@@ -38,6 +38,8 @@ LOSSES: dict[str, tuple[str, ...]] = {
     "rod_recall": ("loss.name=rod_recall",),
     "triplet": ("loss.name=triplet",),  # semi-hard mining, margin 0.2
     "normalized_softmax": ("loss.name=normalized_softmax",),
+    "proxy_anchor": ("loss.name=proxy_anchor",),  # Proxy-Anchor (CVPR'20), proxies at 100x the learning rate
+    "arcface": ("loss.name=arcface",),  # ArcFace, margin 28.6 degrees, scale 64 (PML's defaults)
     "hap": ("loss.name=hap",),
     "happier": ("loss.name=happier",),
     "rod_ndcg": ("loss.name=rod_ndcg",),
@@ -45,8 +47,13 @@ LOSSES: dict[str, tuple[str, ...]] = {
 """The Omniglot benchmark's losses: run name -> overrides (the group key of the comparison is ``loss.name``)."""
 
 PHOTO_LOSSES = ("smooth_ap", "sup_ap", "roadmap", "fastap", "softbin_ap", "rod_ap", "triplet", "contrastive",
-                "multi_similarity", "normalized_softmax")
-FACE_LOSSES = ("smooth_ap", "roadmap", "contrastive", "triplet")  # Smooth-AP Table 4's rows
+                "multi_similarity", "normalized_softmax", "proxy_anchor", "arcface", "supcon")
+FACE_LOSSES = ("smooth_ap", "roadmap", "contrastive", "triplet", "arcface")  # Smooth-AP Table 4's rows
+CLASS_WEIGHT_LOSSES = ("rod_ap", "normalized_softmax", "proxy_anchor", "arcface")
+"""Losses with class weights (proxies): from a pretrained backbone they start from the class means of its training
+embeddings (``loss.init=class_means``), not from random directions that pull good features apart."""
+GRID_EXTENSIONS = 3
+"""At most this many learning rates are added beyond a tuning grid's end while its best value sits on that end."""
 WEIGHTS = "{weights}"
 """Stands, in a row's overrides, for the pretrained weights file given to the benchmark (``--weights``)."""
 
@@ -73,7 +80,11 @@ class Benchmark:
 
 
 _PRETRAINED = ("model.pretrained=true", f"model.kwargs.pretrained_path={WEIGHTS}")
-_RELEASED = ("train.epochs=0",)  # the released weights evaluated as they are: every seed gives the same values
+_RELEASED = ("train.epochs=0",)
+
+
+def _init(loss: str) -> tuple[str, ...]:
+    return ("loss.init=class_means",) if loss in CLASS_WEIGHT_LOSSES else ()  # the released weights evaluated as they are: every seed gives the same values
 
 BENCHMARKS: dict[str, Benchmark] = {
     "omniglot": Benchmark("omniglot", ("data.kwargs.alphabets=4", "train.batch_size=64",
@@ -88,7 +99,7 @@ BENCHMARKS: dict[str, Benchmark] = {
     "caltech101": Benchmark(
         "caltech101", ("train.epochs=3", "train.max_steps_per_epoch=1", "data.image_size=64", "output.map_points=300"),
         {"pretrained": (*_PRETRAINED, *_RELEASED),
-         **{loss: (f"loss.name={loss}", *_PRETRAINED) for loss in PHOTO_LOSSES},
+         **{loss: (f"loss.name={loss}", *_PRETRAINED, *_init(loss)) for loss in PHOTO_LOSSES},
          "roadmap_random_init": ("loss.name=roadmap", "model.pretrained=false", "model.freeze=[]",
                                  "model.freeze_bn=false")},
         group_by=("name",), weights_env="RANKOPT_WEIGHTS_MOBILENETV2", root_env="RANKOPT_CALTECH101",
@@ -98,7 +109,10 @@ BENCHMARKS: dict[str, Benchmark] = {
     "yaleb": Benchmark(
         "yaleb_mobilefacenet", ("train.epochs=3", "train.max_steps_per_epoch=1"),
         {"released": (*_PRETRAINED, *_RELEASED),
-         **{loss: (f"loss.name={loss}", *_PRETRAINED) for loss in FACE_LOSSES}},
+         **{loss: (f"loss.name={loss}", *_PRETRAINED, *_init(loss)) for loss in FACE_LOSSES},
+         # Smooth-AP's own recipe for faces (§6.3, Table 4): its loss appended to a classification loss
+         "arcface_smooth_ap": ("loss.name=arcface+smooth_ap", "loss.kwargs.smooth_ap.tau=0.01", *_PRETRAINED,
+                               *_init("arcface"))},
         baseline="released", group_by=("name",), tuning_rows=("smooth_ap", "contrastive"),
         weights_env="RANKOPT_WEIGHTS_MOBILEFACENET", root_env="RANKOPT_YALEB", lrs=(1e-5, 1e-4, 1e-3)),
     "sop": Benchmark("roadmap_sop_resnet50", ("train.epochs=1", "train.max_steps_per_epoch=20"), LOSSES),
@@ -184,6 +198,18 @@ def tuning_specs(
             for name, overrides in rows.items() for lr in (lrs or bench.lrs)]
 
 
+def extended_grid(lrs: Sequence[float], best: float) -> float | None:
+    """The learning rate to try next when ``best`` is an end of the grid ``lrs`` (one grid step beyond it: the
+    ratio of its two nearest values, ×10 for a grid of one), else ``None``: the choice is inside the grid."""
+    grid = sorted(lrs)
+    step = grid[1] / grid[0] if len(grid) > 1 else 10.0
+    if best == grid[-1]:
+        return float(f"{best * (grid[-1] / grid[-2] if len(grid) > 1 else step):.3g}")
+    if best == grid[0]:
+        return float(f"{best / step:.3g}")
+    return None
+
+
 def select_learning_rate(outcomes: Sequence[RunOutcome],
                          metric: str = "map@r") -> tuple[float, dict[str, dict[str, float]]]:
     """The learning rate with the best mean validation ``metric`` over the tuning losses, and the
@@ -201,11 +227,12 @@ def select_learning_rate(outcomes: Sequence[RunOutcome],
 
 
 def run_benchmark(
-    specs: Sequence[RunSpec], out_dir: str | Path, *, jobs: int = 1, baseline: str | None = BASELINE,
-    by: Sequence[str] = ("loss.name",), log=print,
+    specs: Sequence[RunSpec], out_dir: str | Path, *, jobs: int = 1, threads: int = RUN_THREADS,
+    baseline: str | None = BASELINE, by: Sequence[str] = ("loss.name",), log=print,
 ) -> BenchmarkResult:
-    """Run the grid (resumable), then write the comparison into ``out_dir`` (``compare.{md,csv,html}``)
-    and ``benchmark.json`` (runs, status, seconds, total wall time)."""
+    """Run the grid (resumable; each run on ``threads`` torch threads whatever ``jobs`` is), then write the
+    comparison into ``out_dir`` (``compare.{md,csv,html}``, each run's values with its threads and commit) and
+    ``benchmark.json`` (runs, status, seconds, total wall time)."""
     out = Path(out_dir)
     start = time.perf_counter()
     total = len(specs)
@@ -217,7 +244,7 @@ def run_benchmark(
             + (f" in {outcome.seconds:.0f} s" if outcome.status == "done" else "")
             + (f" (see {outcome.log})" if outcome.status == "failed" else ""))
 
-    outcomes = run_grid(specs, out, jobs=jobs, on_outcome=report)
+    outcomes = run_grid(specs, out, jobs=jobs, threads=threads, on_outcome=report)
     wall = time.perf_counter() - start
     runs = [o.run_dir for o in outcomes if o.status != "failed"]
     comparison: dict[str, Path] = {}

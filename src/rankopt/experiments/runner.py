@@ -1,8 +1,9 @@
 """Run a grid of trainings, ``jobs`` side by side, resumable.
 
 Each :class:`RunSpec` is ``rankopt train RECIPE OVERRIDES --output OUT/NAME --resume auto`` in
-its own process (so runs never share state and ``jobs`` processes use the cores side by side,
-``cores // jobs`` torch threads each). A run folder with ``report.json`` is finished and
+its own process (so runs never share state and ``jobs`` processes use the cores side by side), each on a fixed
+number of torch threads (:data:`RUN_THREADS` unless given) whatever ``jobs`` is: float sums are reduced in an order
+that follows the threads, so a run's numbers depend on them and not on how many runs share the machine. A run folder with ``report.json`` is finished and
 skipped; one with ``checkpoints/last.ckpt`` but no report was interrupted and resumes exactly
 from it (``Trainer`` restores every RNG). Each run's console output goes to ``OUT/NAME/train.log``.
 """
@@ -18,6 +19,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
+RUN_THREADS = 1
+"""Torch threads of each run of a grid (``--threads-per-run``): the same for every ``jobs``."""
 REPORT = "report.json"
 LOG = "train.log"
 
@@ -84,19 +87,19 @@ def run_grid(
     out_dir: str | Path,
     *,
     jobs: int = 1,
+    threads: int = RUN_THREADS,
     on_outcome: Callable[[RunOutcome], None] | None = None,
 ) -> list[RunOutcome]:
-    """Run every spec (finished ones skipped), ``jobs`` at a time; outcomes in the order of ``specs``.
+    """Run every spec (finished ones skipped), ``jobs`` at a time, each on ``threads`` torch threads; outcomes in
+    the order of ``specs``.
 
     A failed run does not stop the others; ``on_outcome`` is called as each run ends.
     """
-    if jobs < 1:
-        raise ValueError(f"jobs must be >= 1, got {jobs}")
+    if jobs < 1 or threads < 1:
+        raise ValueError(f"jobs and threads must be >= 1, got {jobs} and {threads}")
     _check_names(specs)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    threads = max(1, (os.cpu_count() or 1) // jobs)
-
     def work(spec: RunSpec) -> RunOutcome:
         outcome = run_one(spec, out, threads=threads)
         if on_outcome is not None:

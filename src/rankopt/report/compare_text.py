@@ -8,10 +8,10 @@ import math
 from collections.abc import Iterable
 from pathlib import Path
 
-from rankopt.report.compare import Comparison, Pairing
+from rankopt.report.compare import Comparison, Pairing, value_text
 from rankopt.report.stats import PairedDifference, Summary
 
-__all__ = ["SIGNIFICANCE", "best_in_bold", "markdown_tables", "p_text", "unpaired_note", "write_csv"]
+__all__ = ["SIGNIFICANCE", "best_in_bold", "markdown_tables", "p_text", "per_run_table", "unpaired_note", "write_csv"]
 
 SIGNIFICANCE = 0.05
 
@@ -69,7 +69,21 @@ def markdown_tables(comparison: Comparison) -> str:
         lines += ["", f"mean of d = group − {c.baseline} [{c.confidence:.0%} CI], p: paired t-test (two-sided); "
                       f"bold: p < {SIGNIFICANCE}."]
         lines += [f"{g}: {unpaired_note(c, p)}." for g, p in c.pairings.items() if p.unpaired]
-    return "\n".join(lines) + "\n"
+    return "\n".join(lines + ["", *per_run_table(c)]) + "\n"
+
+
+def per_run_table(c: Comparison) -> list[str]:
+    """Every run's values with the torch threads it ran on and the source commit it ran (``run.json``), so that a
+    rerun can be checked value by value."""
+    header = ["run", " / ".join(c.by), c.pair_by, *c.metrics, "threads", "commit"]
+    lines = ["Per run:", "", _md_row(header), _md_row("---" for _ in header)]
+    for g, runs in c.groups.items():
+        for r in runs:
+            commit = r.run.get("commit") or f"rankopt {r.run.get('rankopt_version', '?')}"
+            lines.append(_md_row([r.name, g, value_text(r.value(c.pair_by)), *(f"{r.metric(m):.4f}" for m in c.metrics),
+                                  str(r.report.get("machine", {}).get("torch_threads", "?")), commit[:12] +
+                                  ("+dirty" if commit.endswith("+dirty") else "")]))
+    return lines
 
 
 def _csv_number(value: float | int | None) -> str:

@@ -8,6 +8,9 @@ route                    answer
                          indexed item's vector, "more like this") -> the query's record as
                          ``rankopt search --json`` writes it (``query``, ``results``), ``note`` when
                          ``k`` was capped to the index size
+``POST /embed``          one or more images (multipart file fields ``image``, or JSON
+                         ``{"images_base64": [...], "names": [...]}``) -> ``fingerprint``, ``dim``, ``names``
+                         and ``embeddings``: the vectors the service searches with, made as for ``/search``
 ``GET /items/{id}``      the item: id, path, label, metadata
 ``GET /thumbnails/{id}`` a small JPEG of an indexed item (looked up by id, never a path)
 ``GET /health``          status, item count, fingerprint, last reload (no token needed; why it failed: with
@@ -28,9 +31,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hmac
+import itertools
 import os
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
@@ -46,10 +50,11 @@ from rankopt import __version__
 from rankopt.serve.batcher import MicroBatcher
 from rankopt.serve.holder import IndexHolder, Snapshot
 from rankopt.serve.guard import Guard, HostRule, error_response
-from rankopt.serve.images import open_upload
+from rankopt.serve.images import OpenedUpload, open_upload
 from rankopt.serve.limits import (
     ApiError,
     Limits,
+    check_embed_json,
     check_filter,
     check_json_query,
     check_k,
@@ -63,6 +68,7 @@ from rankopt.serve.thumbnails import ThumbnailCache
 
 DEFAULT_K = 10
 FORM_FIELDS = frozenset({"image", "k", "filter"})
+EMBED_FORM_FIELDS = frozenset({"image"})
 STATIC = "static"
 OPENAPI_PATH = "/openapi.json"
 _ABSENT = object()
@@ -157,9 +163,7 @@ class Service:
                 start = time.perf_counter()
                 upload = await self.run(open_upload, query.value, self.limits, snapshot.decode_min_side,
                                         repr(query.name))
-                async with self.heavy_lane if upload.heavy else contextlib.nullcontext():  # waits holding no thread
-                    image = await self.run(upload.decode)
-                self.metrics.observe_stage("decode", time.perf_counter() - start)
+                image = await self._decoded(upload, start)
             record = await self.batcher.embed(  # searched on the torch thread right after the forward
                 snapshot, image, then=lambda embedding: self._search(snapshot, embedding.unsqueeze(0), query))
         else:
@@ -167,34 +171,66 @@ class Service:
         record["query"] = query.name
         return record
 
+    async def _decoded(self, upload: OpenedUpload, start: float) -> Any:
+        """``upload`` decoded on a worker thread, a heavy one in :attr:`heavy_lane`; the time since ``start``
+        is the query's decode stage."""
+        async with self.heavy_lane if upload.heavy else contextlib.nullcontext():  # waits holding no thread
+            image = await self.run(upload.decode)
+        self.metrics.observe_stage("decode", time.perf_counter() - start)
+        return image
+
+    @staticmethod
+    def _media_type(request: Request) -> str:
+        return request.headers.get("content-type", "").partition(";")[0].strip().lower()
+
+    @staticmethod
+    def _unsupported(request: Request, route: str, upload: str) -> ApiError:
+        shown = repr(request.headers.get("content-type", "")[:80]) or "a body without a content type"
+        return ApiError(415, f"POST {route} takes multipart/form-data ({upload}) or application/json, not {shown}")
+
+    async def _read_form(self, request: Request, fields: frozenset[str], text_fields: tuple[str, ...],
+                         max_files: int, limit: str | None = None) -> tuple[list[tuple[str, bytes]], dict[str, str]]:
+        """A multipart form's uploads (its file fields ``image`` as ``(file name, bytes)``: at least one, at most
+        ``max_files``) and those of its ``text_fields`` given; a field outside ``fields``: 400. More files: 413 when
+        ``limit`` names the limit they are over, else a malformed form (400)."""
+        try:
+            form = await request.form(max_files=max_files, max_fields=len(fields),
+                                      max_part_size=self.limits.max_json_bytes)
+        except HTTPException as err:  # Starlette's multipart limits
+            if limit is not None and "too many files" in str(err.detail).lower():
+                raise ApiError(413, f"the form holds more than {max_files} images, over the limit of {max_files} "
+                                    f"({limit})") from None
+            raise
+        try:
+            unknown = sorted(set(form) - fields)
+            if unknown:
+                raise ApiError(400, f"unknown form field(s) {', '.join(repr(f[:40]) for f in unknown[:5])}; "
+                                    f"an upload has {', '.join(sorted(fields))}")
+            uploads = form.getlist("image")
+            if not any(isinstance(upload, UploadFile) for upload in uploads):
+                raise ApiError(400, "the form has no file field 'image'")
+            if not all(isinstance(upload, UploadFile) for upload in uploads):
+                raise ApiError(400, "every form field 'image' must be a file (an image upload), not text")
+            files = [(upload.filename or "upload", await upload.read()) for upload in uploads]  # within the body limit
+            given = {key: form.get(key) for key in text_fields if key in form}
+            if any(not isinstance(value, str) for value in given.values()):
+                raise ApiError(400, f"the form fields {' and '.join(text_fields)} are text, not files")
+            return files, given
+        finally:
+            await form.close()
+
     async def _read_query(self, request: Request, snapshot: Snapshot) -> Query:
         """The request's checked query: a multipart upload or a JSON query (``k`` from the body or the query
         string, not both)."""
-        media_type = request.headers.get("content-type", "").partition(";")[0].strip().lower()
+        media_type = self._media_type(request)
         k_param = request.query_params.get("k")
         if media_type == "multipart/form-data":
-            form = await request.form(max_files=1, max_fields=len(FORM_FIELDS),
-                                      max_part_size=self.limits.max_json_bytes)
-            try:
-                unknown = sorted(set(form) - FORM_FIELDS)
-                if unknown:
-                    raise ApiError(400, f"unknown form field(s) {', '.join(repr(f[:40]) for f in unknown[:5])}; "
-                                        f"an upload has {', '.join(sorted(FORM_FIELDS))}")
-                upload = form.get("image")
-                if not isinstance(upload, UploadFile):
-                    raise ApiError(400, "the form has no file field 'image'")
-                data = await upload.read()  # within the body limit (Guard)
-                fields = {key: form.get(key) for key in ("k", "filter") if key in form}
-                if any(not isinstance(value, str) for value in fields.values()):
-                    raise ApiError(400, "the form fields k and filter are text, not files")
-                return await self.run(self._checked_form, snapshot, data, upload.filename or "upload", fields, k_param)
-            finally:
-                await form.close()
+            files, fields = await self._read_form(request, FORM_FIELDS, ("k", "filter"), max_files=1)
+            (name, data), = files
+            return await self.run(self._checked_form, snapshot, data, name, fields, k_param)
         if media_type == "application/json":
             return await self.run(self._checked_json, snapshot, await request.body(), k_param)
-        shown = repr(request.headers.get("content-type", "")[:80]) or "a body without a content type"
-        raise ApiError(415, f"POST /search takes multipart/form-data (an image upload) or application/json, "
-                            f"not {shown}")
+        raise self._unsupported(request, "/search", "an image upload")
 
     def _checked_form(self, snapshot: Snapshot, data: bytes, name: str, fields: dict[str, str],
                       k_param: str | None) -> Query:
@@ -238,6 +274,45 @@ class Service:
         if result.note:
             record["note"] = result.note
         return record
+
+    # ------------------------------------------------------------------ embed
+    async def embed(self, request: Request) -> dict[str, Any]:
+        """The embeddings of the request's images by the served model, made as a search's query embedding is:
+        every image's header is checked (worker thread) before any is decoded; then they are decoded and
+        micro-batched ``max_batch`` at a time, so one request holds no more decoded images than ``max_batch``
+        concurrent searches do."""
+        snapshot = self.holder.current
+        media_type = self._media_type(request)
+        if media_type == "multipart/form-data":
+            images = (await self._read_form(request, EMBED_FORM_FIELDS, (), max_files=self.limits.max_images,
+                                            limit="max_images"))[0]
+        elif media_type == "application/json":
+            images = await self.run(self._checked_embed_json, await request.body())
+        else:
+            raise self._unsupported(request, "/embed", "image uploads")
+        start = time.perf_counter()
+        uploads = await self.run(self._opened, snapshot, images)
+        embeddings: list[list[float]] = []
+        for chunk in _chunks(uploads, self.settings.max_batch):
+            embeddings += await asyncio.gather(*(self._embedded(snapshot, upload, start) for upload in chunk))
+        return {"fingerprint": snapshot.embedder.fingerprint, "dim": snapshot.index.dim,
+                "names": [name for name, _ in images], "embeddings": embeddings}
+
+    async def _embedded(self, snapshot: Snapshot, upload: OpenedUpload, start: float) -> list[float]:
+        with self.batcher.expecting():
+            image = await self._decoded(upload, start)
+        return await self.batcher.embed(snapshot, image, then=_as_list)
+
+    def _checked_embed_json(self, data: bytes) -> list[tuple[str, bytes]]:
+        body = parse_json(data, self.limits, "the JSON body", max_bytes=self.limits.max_upload_bytes)
+        return [(name, decode_base64(text, f"images_base64[{i}]"))
+                for i, (name, text) in enumerate(check_embed_json(body, self.limits))]
+
+    def _opened(self, snapshot: Snapshot, images: list[tuple[str, bytes]]) -> list[OpenedUpload]:
+        """Every image's header read and checked (:func:`~rankopt.serve.images.open_upload`), none decoded."""
+        return [open_upload(data, self.limits, snapshot.decode_min_side,
+                            f"image {i} ({name!r})" if len(images) > 1 else repr(name))
+                for i, (name, data) in enumerate(images)]
 
     # ------------------------------------------------------------------ items
     @staticmethod
@@ -318,7 +393,8 @@ def create_app(holder: IndexHolder, settings: Settings | None = None) -> FastAPI
     async def internal_error(_: Request, error: Exception) -> JSONResponse:  # logged by the server, with its traceback
         return JSONResponse({"error": f"internal error ({type(error).__name__}): {str(error)[:200]}"}, status_code=500)
 
-    routes = describe_routes(guarded=settings.token is not None, max_k=settings.limits.max_k)
+    routes = describe_routes(guarded=settings.token is not None, max_k=settings.limits.max_k,
+                             max_images=settings.limits.max_images)
 
     @app.api_route("/", methods=["GET", "HEAD"], include_in_schema=False)
     async def page() -> FileResponse:
@@ -348,6 +424,10 @@ def create_app(holder: IndexHolder, settings: Settings | None = None) -> FastAPI
     async def search(request: Request) -> dict[str, Any]:
         return await service.search(request)
 
+    @app.post("/embed", dependencies=guarded, **routes["/embed"])
+    async def embed(request: Request) -> dict[str, Any]:
+        return await service.embed(request)
+
     app.mount("/static", StaticFiles(packages=[("rankopt.serve", STATIC)]), name="static")
     if settings.cors_origins:
         from fastapi.middleware.cors import CORSMiddleware
@@ -357,6 +437,17 @@ def create_app(holder: IndexHolder, settings: Settings | None = None) -> FastAPI
     app.add_middleware(Guard, metrics=metrics, max_body=settings.limits.max_upload_bytes, hosts=settings.hosts,
                        routes=[getattr(route, "path", "") for route in app.routes])
     return app
+
+
+def _as_list(embedding: torch.Tensor) -> list[float]:
+    """A ``(D,)`` embedding as JSON numbers, on the torch thread right after its forward."""
+    return embedding.tolist()
+
+
+def _chunks(items: list[Any], size: int) -> Iterator[list[Any]]:
+    iterator = iter(items)
+    while chunk := list(itertools.islice(iterator, size)):
+        yield chunk
 
 
 def _static_file(name: str) -> str:

@@ -25,6 +25,8 @@ if TYPE_CHECKING:
 QUERY_KINDS = ("image_base64", "vector", "id")
 """A JSON query names exactly one of these."""
 JSON_KEYS = frozenset({*QUERY_KINDS, "k", "filter"})
+EMBED_JSON_KEYS = frozenset({"images_base64", "names"})
+"""The keys of a JSON body of ``POST /embed``."""
 DIGITS = re.compile(r"[0-9]+")
 MAX_FILTER_TEXT = 1000
 """Characters of one filter condition or value."""
@@ -51,7 +53,8 @@ class Limits:
     image formats accepted (Pillow's names); ``max_json_bytes``: a JSON body or form field without an image
     (a JSON query with ``image_base64`` may take ``max_upload_bytes``); ``max_json_values``: values
     (numbers, strings, keys) in one; ``max_json_depth``: nesting of arrays and objects in one;
-    ``max_filter_values``: the values a filter names, all conditions together."""
+    ``max_filter_values``: the values a filter names, all conditions together; ``max_images``: images in one
+    ``POST /embed`` (all within ``max_upload_bytes``, each within ``max_pixels``)."""
 
     max_upload_bytes: int = 20 * 2**20
     max_pixels: int = 50_000_000
@@ -61,10 +64,11 @@ class Limits:
     max_json_values: int = 100_000
     max_json_depth: int = 8
     max_filter_values: int = 1000
+    max_images: int = 64
 
     def __post_init__(self) -> None:
         for name in ("max_upload_bytes", "max_pixels", "max_k", "max_json_bytes", "max_json_values",
-                     "max_json_depth", "max_filter_values"):
+                     "max_json_depth", "max_filter_values", "max_images"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if not self.formats:
@@ -84,14 +88,15 @@ def check_k(value: Any, limits: Limits) -> int:
     return value
 
 
-def decode_base64(text: Any) -> bytes:
-    """The bytes of a JSON query's ``image_base64`` (standard alphabet, padding required)."""
+def decode_base64(text: Any, what: str = "image_base64") -> bytes:
+    """The bytes of a JSON query's ``image_base64`` (standard alphabet, padding required); ``what`` names it in
+    errors."""
     if not isinstance(text, str):
-        raise ApiError(400, f"image_base64 must be a string, got {type(text).__name__}")
+        raise ApiError(400, f"{what} must be a string, got {type(text).__name__}")
     try:
         return base64.b64decode(text, validate=True)
     except (binascii.Error, ValueError) as err:
-        raise ApiError(400, f"image_base64 is not valid base64: {err}") from None
+        raise ApiError(400, f"{what} is not valid base64: {err}") from None
 
 
 def check_vector(value: Any, dim: int) -> torch.Tensor:
@@ -136,15 +141,20 @@ def check_filter(value: Any, index: Index, limits: Limits) -> Mapping[str, Any] 
     return value
 
 
+def _check_object(body: Any, keys: frozenset[str], what: str) -> None:
+    """A JSON body that is an object with no key outside ``keys`` (400 naming the first unknown ones)."""
+    if not isinstance(body, Mapping):
+        raise ApiError(400, f"the JSON body must be an object, got {type(body).__name__}")
+    unknown = sorted(set(body) - keys)
+    if unknown:
+        shown = ", ".join(repr(key[:40]) for key in unknown[:5]) + (", ..." if len(unknown) > 5 else "")
+        raise ApiError(400, f"unknown key(s) {shown}; {what} has {', '.join(sorted(keys))}")
+
+
 def check_json_query(body: Any) -> tuple[str, Any]:
     """``(kind, value)`` of a JSON query: an object with exactly one of :data:`QUERY_KINDS` and no
     keys outside :data:`JSON_KEYS`; an ``id`` is a string (or an integer, as its text)."""
-    if not isinstance(body, Mapping):
-        raise ApiError(400, f"the JSON body must be an object, got {type(body).__name__}")
-    unknown = sorted(set(body) - JSON_KEYS)
-    if unknown:
-        shown = ", ".join(repr(key[:40]) for key in unknown[:5]) + (", ..." if len(unknown) > 5 else "")
-        raise ApiError(400, f"unknown key(s) {shown}; a query has {', '.join(sorted(JSON_KEYS))}")
+    _check_object(body, JSON_KEYS, "a query")
     given = [kind for kind in QUERY_KINDS if kind in body]
     if len(given) != 1:
         raise ApiError(400, f"a query gives exactly one of {', '.join(QUERY_KINDS)}; got "
@@ -155,6 +165,24 @@ def check_json_query(body: Any) -> tuple[str, Any]:
             raise ApiError(400, f"id must be a string (an item's id), got {_shown(value)}")
         value = str(value)
     return kind, value
+
+
+def check_embed_json(body: Any, limits: Limits) -> list[tuple[str, Any]]:
+    """``(name, base64 text)`` of each image of a JSON body of ``POST /embed``: an object with ``images_base64`` (a
+    list of 1 to ``max_images`` values; more: 413) and optionally ``names`` (as many strings; default
+    ``images_base64[i]``), no other key. The texts are decoded by :func:`decode_base64`."""
+    _check_object(body, EMBED_JSON_KEYS, "a body")
+    images = body.get("images_base64")
+    if not isinstance(images, list) or not images:
+        raise ApiError(400, f"images_base64 must be a non-empty list of base64 images, got {_shown(images)}")
+    if len(images) > limits.max_images:
+        raise ApiError(413, f"images_base64 holds {len(images)} images, over the limit of {limits.max_images}")
+    names = body.get("names")
+    if names is None:
+        names = [f"images_base64[{i}]" for i in range(len(images))]
+    elif not isinstance(names, list) or len(names) != len(images) or not all(isinstance(n, str) for n in names):
+        raise ApiError(400, f"names must be a list of {len(images)} strings (one per image), got {_shown(names)}")
+    return [(name[:200], text) for name, text in zip(names, images)]
 
 
 def parse_json(data: bytes, limits: Limits, what: str, *, max_bytes: int | None = None) -> Any:

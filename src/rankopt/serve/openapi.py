@@ -1,5 +1,6 @@
-"""The service's OpenAPI description (``GET /openapi.json``): per route, its summary, the request body of
-``POST /search`` (a multipart upload or a JSON query) and every status code it answers with. The routes read
+"""The service's OpenAPI description (``GET /openapi.json``): per route, its summary, the request bodies of
+``POST /search`` (a multipart upload or a JSON query) and ``POST /embed`` (uploads or base64 images) and every
+status code it answers with. The routes read
 their requests themselves (:mod:`rankopt.serve.app`), so the bodies are described here, by hand; the API fuzz
 test (``tests/serve/test_fuzz.py``) holds the service to this description.
 """
@@ -14,7 +15,7 @@ ERRORS = {
     400: "malformed request: not an image, invalid JSON, bad k, bad filter, bad vector, bad Content-Length",
     401: "the bearer token is missing or wrong (only when the service has a token)",
     404: "no such item (or its image cannot be read)",
-    413: "over a limit: body bytes, image pixels, JSON values, filter values",
+    413: "over a limit: body bytes, image pixels, JSON values, filter values, images per request",
     415: "an image format the service does not accept, or a body that is neither multipart nor JSON",
     421: "the Host header names another service (see --allow-host)",
 }
@@ -55,9 +56,32 @@ def search_body(max_k: int) -> dict[str, Any]:
                                           "application/json": {"schema": query}}}
 
 
-def describe_routes(*, guarded: bool, max_k: int) -> dict[str, dict[str, Any]]:
+EMBEDDINGS = {"type": "object", "required": ["fingerprint", "dim", "names", "embeddings"], "properties": {
+    "fingerprint": {"type": "string", "description": "the model's fingerprint (the index's)"},
+    "dim": {"type": "integer"},
+    "names": {"type": "array", "items": {"type": "string"}, "description": "the images' file names, in order"},
+    "embeddings": {"type": "array", "items": {"type": "array", "items": {"type": "number"}},
+                   "description": "one embedding of dim numbers per image, in order"}}}
+
+
+def embed_body(max_images: int) -> dict[str, Any]:
+    """The ``requestBody`` of ``POST /embed``."""
+    images = {"type": "array", "minItems": 1, "maxItems": max_images}
+    uploads = {"type": "object", "required": ["image"], "additionalProperties": False, "properties": {
+        "image": {**images, "items": {"type": "string", "format": "binary"},
+                  "description": "image files (the field repeated)"}}}
+    encoded = {"type": "object", "required": ["images_base64"], "additionalProperties": False, "properties": {
+        "images_base64": {**images, "items": {"type": "string", "format": "byte"},
+                          "description": "image files, base64"},
+        "names": {"type": "array", "items": {"type": "string"},
+                  "description": "a name per image (default images_base64[i])"}}}
+    return {"required": True, "content": {"multipart/form-data": {"schema": uploads},
+                                          "application/json": {"schema": encoded}}}
+
+
+def describe_routes(*, guarded: bool, max_k: int, max_images: int = 64) -> dict[str, dict[str, Any]]:
     """Keyword arguments of each route's decorator: ``summary``, ``responses`` (401 only when ``guarded``) and,
-    for ``/search``, ``openapi_extra`` with its body and its ``k`` query parameter."""
+    for ``/search`` and ``/embed``, ``openapi_extra`` with the body (and ``/search``'s ``k`` query parameter)."""
     auth = (401,) if guarded else ()
     common = (400, 413, 421)
     item = {"type": "object", "required": ["id"], "properties": {"id": {"type": "string"}}}
@@ -71,6 +95,12 @@ def describe_routes(*, guarded: bool, max_k: int) -> dict[str, dict[str, Any]]:
             "openapi_extra": {"requestBody": search_body(max_k), "parameters": [
                 {"name": "k", "in": "query", "required": False, "description": "results (not also in the body)",
                  "schema": {"type": "integer", "minimum": 1, "maximum": max_k}}]},
+        },
+        "/embed": {
+            "summary": "Embed images with the served model (the vectors its searches use)",
+            "responses": _responses(_json_ok(EMBEDDINGS, "the images' embeddings and the model's fingerprint"),
+                                    (*common, *auth, 415)),
+            "openapi_extra": {"requestBody": embed_body(max_images)},
         },
         "/items/{item_id}": {"summary": "An indexed item: id, path, labels, metadata",
                              "responses": _responses(_json_ok(item, "the item"), (*common, *auth, 404))},

@@ -33,6 +33,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -44,7 +45,7 @@ from rankopt.engine.assembly import model_from_checkpoint
 from rankopt.engine.embed_and_score import embed_dataset
 from rankopt.engine.weights import pretrained_checkpoint
 from rankopt.files import write_text_atomic
-from rankopt.fit.post import WhiteningChoice, score_self_retrieval
+from rankopt.fit.post import METRICS, WhiteningChoice, score_self_retrieval
 from rankopt.postprocess import Expansion, PostProcessing
 from rankopt.search import Index
 
@@ -106,7 +107,7 @@ def held_out_scores(run: Path, root: Path, features_ckpt: Path) -> dict[str, dic
 
 def _held_out_scores(run: Path, root: Path, features_ckpt: Path) -> dict[str, dict[str, float]]:
     record = json.loads((run / "fit.json").read_text())
-    rows: dict[str, dict[str, float]] = {}
+    rows: dict[str, dict[str, Any]] = {}
 
     def embed(checkpoint: Path, split: str) -> tuple[torch.Tensor, np.ndarray]:
         model, cfg = model_from_checkpoint(checkpoint)
@@ -121,17 +122,32 @@ def _held_out_scores(run: Path, root: Path, features_ckpt: Path) -> dict[str, di
     train_x, train_y = embed(features_ckpt, "train")
     rows["features + post-processing (chosen by fit)"] = score_self_retrieval(test_x, test_y,
                                                                               refitted(chosen, train_x, train_y))
-    fitted_x, _ = embed(run / "model.ckpt", "test")
-    rows["fit's model alone"] = score_self_retrieval(fitted_x, test_y)
-    index = Index.load(run)  # the served pipeline: its embedder (multi-scale, whitening), then DBA and αQE
+    fitted_x, _ = embed(fine_tuned(run), "test")
+    rows["fit's fine-tuned model alone"] = score_self_retrieval(fitted_x, test_y)
+    rows["fit's served pipeline"] = served_scores(run, "caltech101", root)
+    return rows
+
+
+def served_scores(run: Path, dataset: str, root: Path, metrics: tuple[str, ...] = METRICS) -> dict[str, Any]:
+    """The served pipeline on ``dataset``'s test split: the index's embedder (multi-scale, whitening), then its DBA and
+    αQE, each test item a query among the others."""
+    index = Index.load(run)
     embedder = index.embedder_for(batch_size=32, progress=False)
-    served_x = embedder.embed(build_dataset("caltech101", root, "test", transform=embedder.transform)).embeddings
+    test = build_dataset(dataset, root, "test", transform=embedder.transform)
     expansions = PostProcessing(None, None, None if index.record.dba is None else Expansion(**index.record.dba),
                                 index.query_expansion)
+    scores: dict[str, Any] = score_self_retrieval(embedder.embed(test).embeddings, np.asarray(test.labels)[:, 0],
+                                                  expansions, metrics=metrics)  # type: ignore[assignment]
     scales = "" if index.post is None or index.post.scales is None else ", multi-scale"
-    rows["fit's served pipeline"] = score_self_retrieval(served_x, test_y, expansions)
-    rows["fit's served pipeline"]["chosen"] = f"{record['chosen']['model']}{scales}"
-    return rows
+    chosen = json.loads((run / "fit.json").read_text())["chosen"]["model"]
+    return {**scores, "chosen": f"{chosen}{scales}"}
+
+
+def fine_tuned(run: Path) -> Path:
+    """The fit's fine-tuned model: ``model.ckpt`` when it is served, else the ``fine_tuned.ckpt`` kept beside it
+    (the pretrained weights when no fine-tuned state beat them on validation)."""
+    kept = json.loads((run / "fit.json").read_text())["chosen"].get("fine_tuned_checkpoint")
+    return run / (kept or "model.ckpt")
 
 
 def yaleb_scores(run: Path, root: Path, released: Path) -> dict[str, dict[str, float]]:
@@ -141,12 +157,13 @@ def yaleb_scores(run: Path, root: Path, released: Path) -> dict[str, dict[str, f
     if kept.is_file():
         return json.loads(kept.read_text())
     rows = {}
-    for name, checkpoint in (("released weights", released), ("fit's model alone", run / "model.ckpt")):
+    for name, checkpoint in (("released weights", released), ("fit's fine-tuned model alone", fine_tuned(run))):
         model, cfg = model_from_checkpoint(checkpoint)
         dataset = build_dataset("yaleb", root, "test",
                                 transform=build_transform(cfg.data.test_transform, cfg.data.image_size))
         x = embed_dataset(model, dataset, batch_size=32, show_progress=False).embeddings
         rows[name] = score_self_retrieval(x, np.asarray(dataset.labels)[:, 0], metrics=YALEB_METRICS)
+    rows["fit's served pipeline"] = served_scores(run, "yaleb", root, YALEB_METRICS)
     write_text_atomic(kept, json.dumps(rows, indent=1))
     return rows
 

@@ -11,7 +11,8 @@ import pytest
 
 from rankopt.experiments import RunSpec, run_grid
 from rankopt.describe import source_commit
-from rankopt.experiments.benchmark import LOSSES, benchmark_specs, extended_grid, select_learning_rate, tuning_specs
+from rankopt.engine.optim import lr_beyond
+from rankopt.experiments.benchmark import LOSSES, benchmark_specs, select_learning_rate, tuning_specs
 from rankopt.experiments.runner import RunOutcome
 
 
@@ -105,11 +106,11 @@ def test_grid_skips_finished_runs_and_resumes_interrupted_ones(omniglot, tmp_pat
 
 
 def test_a_grid_whose_best_value_is_an_end_is_extended_one_step_beyond_it():
-    assert extended_grid([1e-5, 1e-4, 1e-3], 1e-3) == pytest.approx(1e-2)
-    assert extended_grid([1e-5, 3e-5, 1e-4], 1e-5) == pytest.approx(3.33e-6)
-    assert extended_grid([1e-5, 3e-5, 1e-4], 3e-5) is None
-    assert extended_grid([1e-5, 1e-4, 1e-3, 1e-2], 1e-2) == pytest.approx(1e-1)  # after one extension
-    assert extended_grid([1e-3], 1e-3) == pytest.approx(1e-2)
+    assert lr_beyond([1e-5, 1e-4, 1e-3], 1e-3) == pytest.approx(1e-2)
+    assert lr_beyond([1e-5, 3e-5, 1e-4], 1e-5) == pytest.approx(3.33e-6)
+    assert lr_beyond([1e-5, 3e-5, 1e-4], 3e-5) is None
+    assert lr_beyond([1e-5, 1e-4, 1e-3, 1e-2], 1e-2) == pytest.approx(1e-1)  # after one extension
+    assert lr_beyond([1e-3], 1e-3) == pytest.approx(1e-2)
 
 
 def test_photo_and_face_benchmarks_have_reference_rows_and_need_their_weights(tmp_path, monkeypatch):

@@ -17,7 +17,7 @@ from PIL import Image
 from rankopt.config import config_to_dict, load_config
 from rankopt.data import DatasetProblems
 from rankopt.engine.assembly import build_model
-from rankopt.engine.checkpoint import save_model_checkpoint
+from rankopt.engine.checkpoint import load_checkpoint, save_model_checkpoint
 from rankopt.fit import FitSettings, fit
 from rankopt.fit.clock import Clock
 from rankopt.fit.post import choose_postprocessing, score_self_retrieval, served_pipeline
@@ -172,6 +172,13 @@ def test_a_fit_writes_a_run_folder_with_an_index_of_every_photo(fitted):
     assert any(line.split("] ")[1].startswith(s) for line in lines for s in ("check:",)) and "finished" in lines[-1]
     assert all(stage in stored["seconds"] for stage in ("check", "trunk", "tune", "post", "index", "report"))
     assert any(line.startswith("multi-scale") for line in stored["chosen"]["why"])  # tried or skipped, and why
+    # model.ckpt is the served model; a fine-tuned one not served is kept beside it, and it differs
+    kept = stored["chosen"]["fine_tuned_checkpoint"]
+    assert kept == ("fine_tuned.ckpt" if served == "features" and stored["chosen"]["from"] != "pretrained" else None)
+    assert (run / "fine_tuned.ckpt").is_file() == (kept is not None)
+    if kept is not None:
+        tuned, served_weights = (load_checkpoint(run / name)["model"] for name in (kept, "model.ckpt"))
+        assert any(not torch.equal(tuned[k], served_weights[k]) for k in tuned)
 
 
 def test_the_run_folder_is_searched_changed_and_served_as_an_index(fitted, tmp_path):

@@ -42,6 +42,7 @@ def register(subparsers: Any) -> None:
 def run(args: argparse.Namespace) -> int:
     from pathlib import Path
 
+    from rankopt.engine.optim import lr_beyond
     from rankopt.experiments import benchmark as bench
 
     definition = bench.get_benchmark(args.name)
@@ -57,7 +58,7 @@ def run(args: argparse.Namespace) -> int:
             outcomes = bench.run_benchmark(specs, out, jobs=args.jobs, baseline=None,
                                            by=(*definition.group_by, "optim.lr"), **threads).outcomes
             lr, table = bench.select_learning_rate(outcomes)
-            beyond = bench.extended_grid(lrs, lr)
+            beyond = lr_beyond(lrs, lr)
             if beyond is None:
                 break
             print(f"the best learning rate {lr:g} is an end of the grid: {beyond:g} is tried too")

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 
 import torch
 from torch.optim.lr_scheduler import LambdaLR
@@ -83,6 +83,18 @@ def lr_factor(cfg: ScheduleConfig, t: int, total: int) -> float:
     if cfg.name == "linear":
         return 1.0 - (1.0 - cfg.min_lr_ratio) * progress
     raise ValueError(f"unknown schedule {cfg.name!r}; use constant, multistep, cosine or linear")
+
+
+def lr_beyond(lrs: Sequence[float], best: float) -> float | None:
+    """The learning rate to try next when ``best`` is an end of the grid ``lrs``: one grid step beyond it (the
+    ratio of the two values nearest that end; ×10 for a grid of one), to 3 significant digits; ``None`` when
+    ``best`` lies inside the grid (the choice is bracketed)."""
+    grid = sorted(lrs)
+    if best not in (grid[0], grid[-1]) or (len(grid) > 1 and grid[0] == grid[-1]):
+        return None
+    if best == grid[-1]:
+        return float(f"{best * (grid[-1] / grid[-2] if len(grid) > 1 else 10.0):.3g}")
+    return float(f"{best / (grid[1] / grid[0] if len(grid) > 1 else 10.0):.3g}")
 
 
 def build_scheduler(optimizer: torch.optim.Optimizer, cfg: ScheduleConfig, *, epochs: int,

@@ -198,18 +198,6 @@ def tuning_specs(
             for name, overrides in rows.items() for lr in (lrs or bench.lrs)]
 
 
-def extended_grid(lrs: Sequence[float], best: float) -> float | None:
-    """The learning rate to try next when ``best`` is an end of the grid ``lrs`` (one grid step beyond it: the
-    ratio of its two nearest values, ×10 for a grid of one), else ``None``: the choice is inside the grid."""
-    grid = sorted(lrs)
-    step = grid[1] / grid[0] if len(grid) > 1 else 10.0
-    if best == grid[-1]:
-        return float(f"{best * (grid[-1] / grid[-2] if len(grid) > 1 else step):.3g}")
-    if best == grid[0]:
-        return float(f"{best / step:.3g}")
-    return None
-
-
 def select_learning_rate(outcomes: Sequence[RunOutcome],
                          metric: str = "map@r") -> tuple[float, dict[str, dict[str, float]]]:
     """The learning rate with the best mean validation ``metric`` over the tuning losses, and the

@@ -74,6 +74,8 @@ NO_TIME_S = 1.0
 """Below this many seconds for the tuning, the fit says that the budget left no time to fine-tune."""
 TRUNK_SHARE = 0.5
 """Above this share of the budget for one pass over the photos, the fit warns that little time is left to train."""
+FINE_TUNED = "fine_tuned.ckpt"
+"""The fine-tuned model when the features are served instead (``model.ckpt`` is always the served one)."""
 MIRROR_SHARE = 0.25
 """The mirrored training copies are computed when they take at most this share of the budget left."""
 
@@ -221,6 +223,8 @@ def fit(photos_source: str | os.PathLike[str], out: str | os.PathLike[str], sett
         stage["done"] = "; ".join(f"{k} + {c.describe()}: mAP@R {c.metrics['map@r']:.4f}" for k, c in choices.items())
         stage["done"] += f"; {served_why}"
     if served == "features":
+        if tuned.best_state is not None:  # the fine-tuned model, not served, kept for a look (and a fair score)
+            _save_model(folder / FINE_TUNED, net, cfg, checkpoint)
         load_trainable(tail, tuned.pretrained_state)
     embeddings = features if served == "features" else fitted
     assert embeddings is not None
@@ -267,10 +271,7 @@ def _save_model_and_index(folder: Path, net: Any, cfg: Any, photos: Photos, embe
                           choice: PostChoice, checkpoint: Path, scales: tuple[float, ...] | None) -> Index:
     """``folder/model.ckpt`` (the chosen weights) and ``folder/index`` (every photo, the chosen steps; the
     whitening refitted on every photo's embedding)."""
-    cfg = dataclasses.replace(cfg, name="fit", description=f"rankopt fit of {checkpoint.name}",
-                              model=dataclasses.replace(cfg.model, freeze_bn=True))
-    model_path = save_model_checkpoint(folder / "model.ckpt", net.state_dict(), config_to_dict(cfg),
-                                       {"fit_from": checkpoint.name})
+    model_path = _save_model(folder / "model.ckpt", net, cfg, checkpoint)
     embedder = Embedder.from_checkpoint(model_path, device=str(next(net.parameters()).device), batch_size=CPU_BATCH,
                                         progress=False)  # a few photos: the parity check
     whitening = None
@@ -286,6 +287,13 @@ def _save_model_and_index(folder: Path, net: Any, cfg: Any, photos: Photos, embe
     index = Index.from_split(embedder, photos.dataset, split, postprocessing=post, progress=False)
     index.save(folder / "index")
     return index
+
+
+def _save_model(path: Path, net: Any, cfg: Any, checkpoint: Path) -> Path:
+    """``net`` as a checkpoint at ``path`` with ``cfg`` (named ``fit``, BatchNorm statistics frozen)."""
+    cfg = dataclasses.replace(cfg, name="fit", description=f"rankopt fit of {checkpoint.name}",
+                              model=dataclasses.replace(cfg.model, freeze_bn=True))
+    return save_model_checkpoint(path, net.state_dict(), config_to_dict(cfg), {"fit_from": checkpoint.name})
 
 
 def _check_parity(embedder: Embedder, photos: Photos, vectors: torch.Tensor, count: int = 4) -> None:
@@ -315,7 +323,7 @@ def _record(settings: FitSettings, sizing: Sizing, source: str, photos: Photos, 
         why.append(f"caution: validation holds only {held} classes ({val_rows.size} photos), too few to tell small "
                    "gains from luck; with so few photos a fit can learn little, and its choices are rough guesses")
     if fitted is not None:
-        why.append(served_why[1])
+        why.append(served_why[1] + (f" (the fine-tuned model is kept in {FINE_TUNED})" if served == "features" else ""))
     why.append(f"served: {served} + {choices[served].describe()} (validation mAP@R: " +
                ", ".join(f"{k} {c.metrics['map@r']:.4f}" for k, c in choices.items()) + ")")
     return {
@@ -329,6 +337,7 @@ def _record(settings: FitSettings, sizing: Sizing, source: str, photos: Photos, 
         "fitted_post": choices["fitted"].metrics if "fitted" in choices else None,
         "per_class": {"features": features_by_class, "fitted": fitted_by_class},
         "chosen": {"model": "fitted" if served == "fitted" else "features", "from": tuned.best_from,
+                   "fine_tuned_checkpoint": FINE_TUNED if served == "features" and fitted is not None else None,
                    "candidates": [{"loss": t.candidate.loss, "lr": t.candidate.lr, "steps": t.steps,
                                    "history": [{"step": s, **m} for s, m in t.history]} for t in tuned.trials],
                    "post": choices[served].to_dict(), "post_by_model": {k: c.to_dict() for k, c in choices.items()},

@@ -1,11 +1,13 @@
 """Fine-tuning the tail within a time budget, the learning rate chosen on the validation classes.
 
-Candidates (a rank loss and a learning rate each) first train side by side for equal shares of the time
-(:data:`FIRST_ROUND_SHARE` of it in all), each scored on the validation classes a few times; the best one
-then trains on for the rest. Every evaluation is kept: the state returned is the best one seen on
-validation, and the pretrained state itself is among them (scored before any step), so a fit is never
-worse than the features it started from on validation. At most :data:`MAX_EPOCHS` passes over the training photos
-are made, so a small folder finishes early. Batches: ``m`` photos of each of
+Candidates (a rank loss and a learning rate each) first train one after the other for equal shares of the time
+(:data:`FIRST_ROUND_SHARE` of it in all), each scored on the validation classes every :data:`CHECK_EVERY_S` at
+most. When the best one's learning rate is an end of the grid, one step beyond it is tried for the same share (at
+most :data:`GRID_EXTENSIONS` times), so that the choice is bracketed; the best one then trains on for the rest. A
+candidate stops early after :data:`PATIENCE` scores without a new best, so a fit ends early once validation stops
+improving (and a small folder finishes in seconds). Every evaluation is kept: the state returned is the best one
+seen on validation, and the pretrained state itself is among them (scored before any step), so a fit is never
+worse than the features it started from on validation. Batches: ``m`` photos of each of
 ``batch_size / m`` classes, each photo centred or mirrored at random; Adam (the trainer's,
 :func:`rankopt.engine.optim.build_optimizer`) with the :data:`WARMUP` schedule, BatchNorm statistics frozen (the
 trunk is not trained at all).
@@ -26,14 +28,21 @@ from torch import nn
 from rankopt import losses
 from rankopt.config import OptimizerConfig, ScheduleConfig
 from rankopt.data.samplers import build_batch_sampler
-from rankopt.engine.optim import build_optimizer, lr_factor
+from rankopt.engine.optim import build_optimizer, lr_beyond, lr_factor
 from rankopt.fit.clock import Clock
 from rankopt.fit.trunk import TrunkCache
 
-MAX_EPOCHS = 20
-"""Most passes over the training photos a fit makes (all candidates together): a small folder finishes early."""
+MAX_EPOCHS = 200
+"""Most passes over the training photos a fit makes (all candidates together), a backstop: :data:`PATIENCE` ends
+a candidate's training first, once validation stops improving."""
 FIRST_ROUND_SHARE = 0.6
 EVALUATIONS_PER_SHARE = 4
+CHECK_EVERY_S = 15.0
+"""Longest time between two validation scores of a training candidate."""
+PATIENCE = 4
+"""Validation scores in a row without a new best that end a candidate's training (the best state is kept)."""
+GRID_EXTENSIONS = 2
+"""Learning rates tried at most beyond the grid's end while the best one sits on that end."""
 WARMUP = ScheduleConfig(name="constant", interval="step", warmup=10)
 """A linear warm-up over the first 10 steps, then the candidate's learning rate."""
 WEIGHT_DECAY = 1e-4
@@ -123,19 +132,23 @@ def tune(tail: nn.Module, cache: TrunkCache, train_rows: np.ndarray, train_label
         return batches.pop(0)
 
     total_steps = MAX_EPOCHS * max(1, len(sampler))
+    began = time.monotonic()
 
-    def run(trial: Trial, share: float, steps: int) -> None:
+    def run(trial: Trial, share: float) -> None:
+        """Train ``trial`` for ``share`` seconds, scored every :data:`CHECK_EVERY_S` at most; it stops early after
+        :data:`PATIENCE` scores without a new best of its own, or when every trial together made
+        :data:`MAX_EPOCHS` passes."""
         load_trainable(tail, trial.state)
         loss_fn = losses.build(trial.candidate.loss).to(device)
         params = [p for p in tail.parameters() if p.requires_grad]
         optimizer = build_optimizer(params, OptimizerConfig("adam", trial.candidate.lr, WEIGHT_DECAY))
         if trial.optimizer_state is not None:
             optimizer.load_state_dict(trial.optimizer_state)
-        until, last_step = time.monotonic() + share, trial.steps + max(1, steps)
-        check_every = share / EVALUATIONS_PER_SHARE
-        next_check = time.monotonic() + check_every
+        until = time.monotonic() + share
+        check_every = min(share / EVALUATIONS_PER_SHARE, CHECK_EVERY_S)
+        next_check, stale = time.monotonic() + check_every, 0
         tail.train()
-        while time.monotonic() < until and trial.steps < last_step:
+        while time.monotonic() < until and len(step_times) < total_steps and stale < PATIENCE:
             began = time.monotonic()
             picks = next_batch()
             rows = train_rows[picks]
@@ -153,8 +166,10 @@ def tune(tail: nn.Module, cache: TrunkCache, train_rows: np.ndarray, train_label
             value = loss.item()
             clock.heartbeat(lambda: f"  tuning {trial.candidate.describe()}: step {trial.steps}, "
                                     f"loss {value:.4f}, {1 / np.median(step_times[-20:]):.1f} steps/s")
-            if time.monotonic() >= next_check or time.monotonic() >= until or trial.steps == last_step:
+            if time.monotonic() >= next_check or time.monotonic() >= until or len(step_times) == total_steps:
+                before = trial.best()
                 _score(trial)
+                stale = 0 if trial.best() > before else stale + 1
                 next_check = time.monotonic() + check_every
         trial.state = trainable_state(tail)
         trial.optimizer_state = optimizer.state_dict()
@@ -168,13 +183,23 @@ def tune(tail: nn.Module, cache: TrunkCache, train_rows: np.ndarray, train_label
                         **{"from": f"{trial.candidate.describe()}, step {trial.steps}"})
 
     share = FIRST_ROUND_SHARE if len(trials) > 1 else 1.0
-    first = seconds * share
+    each = seconds * share / len(trials)
     for trial in trials:
-        run(trial, first / len(trials), int(total_steps * share / len(trials)))
+        run(trial, each)
         clock.line(f"  {trial.summary()} (pretrained {pretrained[SELECT_ON]:.4f})")
+    left = lambda: seconds - (time.monotonic() - began)  # noqa: E731
     if len(trials) > 1:
         leader = max(trials, key=Trial.best)
-        run(leader, seconds - first, int(total_steps * (1 - share)))
+        for _ in range(GRID_EXTENSIONS):  # the best rate at an end of the grid: try one step beyond it, in the same time
+            same_loss = [t.candidate.lr for t in trials if t.candidate.loss == leader.candidate.loss]
+            beyond = lr_beyond(same_loss, leader.candidate.lr)
+            if beyond is None or leader.best() <= pretrained[SELECT_ON] or left() < 2 * each:
+                break
+            trials.append(Trial(Candidate(leader.candidate.loss, beyond), copy.deepcopy(start_state)))
+            run(trials[-1], each)
+            clock.line(f"  {trials[-1].summary()} (one step beyond the grid's end {leader.candidate.lr:g})")
+            leader = max(trials, key=Trial.best)
+        run(leader, left())
         clock.line(f"  continued {leader.summary()}")
     load_trainable(tail, start_state)
     return TuneResult(best["state"], best["metrics"], best["from"], trials, pretrained, start_state,

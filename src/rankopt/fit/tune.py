@@ -33,8 +33,8 @@ from rankopt.fit.clock import Clock
 from rankopt.fit.trunk import TrunkCache
 
 MAX_EPOCHS = 200
-"""Most passes over the training photos a fit makes (all candidates together), a backstop: :data:`PATIENCE` ends
-a candidate's training first, once validation stops improving."""
+"""Most passes over the training photos one candidate makes, a backstop: :data:`PATIENCE` ends a candidate's
+training first, once validation stops improving."""
 FIRST_ROUND_SHARE = 0.6
 EVALUATIONS_PER_SHARE = 4
 CHECK_EVERY_S = 15.0
@@ -136,8 +136,7 @@ def tune(tail: nn.Module, cache: TrunkCache, train_rows: np.ndarray, train_label
 
     def run(trial: Trial, share: float) -> None:
         """Train ``trial`` for ``share`` seconds, scored every :data:`CHECK_EVERY_S` at most; it stops early after
-        :data:`PATIENCE` scores without a new best of its own, or when every trial together made
-        :data:`MAX_EPOCHS` passes."""
+        :data:`PATIENCE` scores without a new best of its own, or after :data:`MAX_EPOCHS` passes of its own."""
         load_trainable(tail, trial.state)
         loss_fn = losses.build(trial.candidate.loss).to(device)
         params = [p for p in tail.parameters() if p.requires_grad]
@@ -148,7 +147,7 @@ def tune(tail: nn.Module, cache: TrunkCache, train_rows: np.ndarray, train_label
         check_every = min(share / EVALUATIONS_PER_SHARE, CHECK_EVERY_S)
         next_check, stale = time.monotonic() + check_every, 0
         tail.train()
-        while time.monotonic() < until and len(step_times) < total_steps and stale < PATIENCE:
+        while time.monotonic() < until and trial.steps < total_steps and stale < PATIENCE:
             began = time.monotonic()
             picks = next_batch()
             rows = train_rows[picks]
@@ -166,7 +165,7 @@ def tune(tail: nn.Module, cache: TrunkCache, train_rows: np.ndarray, train_label
             value = loss.item()
             clock.heartbeat(lambda: f"  tuning {trial.candidate.describe()}: step {trial.steps}, "
                                     f"loss {value:.4f}, {1 / np.median(step_times[-20:]):.1f} steps/s")
-            if time.monotonic() >= next_check or time.monotonic() >= until or len(step_times) == total_steps:
+            if time.monotonic() >= next_check or time.monotonic() >= until or trial.steps == total_steps:
                 before = trial.best()
                 _score(trial)
                 stale = 0 if trial.best() > before else stale + 1
@@ -193,7 +192,7 @@ def tune(tail: nn.Module, cache: TrunkCache, train_rows: np.ndarray, train_label
         for _ in range(GRID_EXTENSIONS):  # the best rate at an end of the grid: try one step beyond it, in the same time
             same_loss = [t.candidate.lr for t in trials if t.candidate.loss == leader.candidate.loss]
             beyond = lr_beyond(same_loss, leader.candidate.lr)
-            if beyond is None or leader.best() <= pretrained[SELECT_ON] or left() < 2 * each:
+            if beyond is None or leader.best() <= pretrained[SELECT_ON] or left() < each:
                 break
             trials.append(Trial(Candidate(leader.candidate.loss, beyond), copy.deepcopy(start_state)))
             run(trials[-1], each)

@@ -193,9 +193,10 @@ def fit(photos_source: str | os.PathLike[str], out: str | os.PathLike[str], sett
     clock.plan("index", len(rows_all) / tail_rate + whitening_s + RESERVE_S)
     scales_s = estimated_seconds(len(rows_all), rate)
     one_size = getattr(net.backbone, "fixed_input_size", None) is not None
+    scales_s += 2 * len(SHRINKAGES) * whitening_s + scores * score_s  # the pass, then its post-processing choice
     multiscale = not one_size and scales_s <= SCALES_BUDGET_SHARE * clock.budget_s
     if multiscale:
-        clock.plan("scales", scales_s + 2 * len(SHRINKAGES) * whitening_s + scores * score_s)
+        clock.plan("scales", scales_s)
     candidates = [Candidate(loss, lr) for loss in settings.losses for lr in settings.lrs]
     with clock.stage("tune") as stage:
         seconds = max(0.0, clock.left() - sum(v for k, v in clock.planned.items() if k != "tune")
@@ -229,7 +230,8 @@ def fit(photos_source: str | os.PathLike[str], out: str | os.PathLike[str], sett
     embeddings = features if served == "features" else fitted
     assert embeddings is not None
     served_choice, scales = choices[served], None
-    if multiscale:
+    late = multiscale and clock.left() < scales_s + clock.planned.get("index", 0.0)
+    if multiscale and not late:
         with clock.stage("scales") as stage:
             trial = try_multiscale(net, dataset, photos.labels, train_rows, val_rows, served_choice, device=device,
                                    batch_size=sizing.trunk_batch, workers=sizing.workers, dba=settings.dba)
@@ -237,10 +239,11 @@ def fit(photos_source: str | os.PathLike[str], out: str | os.PathLike[str], sett
                 served_choice, embeddings, scales = trial.choice, trial.embeddings, DEFAULT_SCALES
             stage["done"] = trial.note
     else:
-        trial = MultiScaleTrial(f"multi-scale not tried: one pass at every scale would take about "
-                                f"{clock_text(scales_s)}, over {SCALES_BUDGET_SHARE:.0%} of the budget"
-                                if not one_size else
-                                "multi-scale not tried: this backbone takes one input size")
+        trial = MultiScaleTrial("multi-scale not tried: this backbone takes one input size" if one_size else
+                                f"multi-scale not tried: it would take about {clock_text(scales_s)}, more than the "
+                                f"{clock_text(clock.left())} left" if late else
+                                f"multi-scale not tried: one pass at every scale would take about "
+                                f"{clock_text(scales_s)}, over {SCALES_BUDGET_SHARE:.0%} of the budget")
     with clock.stage("index") as stage:
         index = _save_model_and_index(folder, net, cfg, photos, embeddings, served_choice, checkpoint, scales)
         stage["done"] = f"{len(index):,} photos in {folder / 'index'} ({index.dim}-d, {_steps_text(index)})"

@@ -255,10 +255,10 @@ def main() -> None:
         for name in faces[0]:
             lines.append(f"| {name} | {len(faces)} | " + " | ".join(mean_sd([f[name][m] for f in faces])
                                                                   for m in YALEB_METRICS) + " |")
-    lines += ["", "Per run (`fit.json` `chosen.why`):", ""]
+    lines += ["", "Per run (`fit.json` `chosen.why`; `OUT` is `--out`):", ""]
     for row, results in runs.items():
         for r in results:
-            command = r["command"].replace("-m rankopt ", "rankopt ")  # runs recorded before the command was named
+            command = r["command"].replace("-m rankopt ", "rankopt ").replace(str(args.out), "OUT")  # OUT: --out
             lines.append(f"- {row}, `{command}`: " + "; ".join(r["fit"]["chosen"]["why"]))
     write_text_atomic(RESULTS, "\n".join(lines) + "\n")
     print(f"wrote {RESULTS}")

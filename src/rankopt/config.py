@@ -94,12 +94,16 @@ class LossConfig:
     (``rankopt.losses.combination``) the same: ``kwargs: {lam: 0.5, sup_ap: {tau: 0.01}, calibration: {alpha: 0.9}}``.
     ``init``: ``random`` (the papers') or ``class_means`` (class weights from the class means of the training
     embeddings before training).
+    ``relevance``: what the loss ranks by: ``none`` (the class labels), ``multilabel`` (items sharing any label of the
+    data's multi-label items are relevant: a CSV's ``labels`` column) or ``multilabel_graded`` (the number of shared
+    labels is the grade); the losses that take a ``Relevance`` only (``rankopt.engine.relevance_batches``).
     """
 
     name: str = "roadmap"
     kwargs: dict[str, Any] = field(default_factory=dict)
     terms: list[LossTermConfig] = field(default_factory=list)
     init: str = "random"
+    relevance: str = "none"
 
 
 @dataclass
@@ -248,6 +252,7 @@ _CHOICES: dict[str, tuple[str, ...]] = {
     "model.pooling": ("avg", "max", "gem"),
     "eval.similarity": ("cosine", "dot", "neg_l2"),
     "loss.init": ("random", "class_means"),
+    "loss.relevance": ("none", "multilabel", "multilabel_graded"),
 }
 LOGGERS = ("tensorboard", "mlflow", "wandb")  # output.loggers
 _POSITIVE = ("train.batch_size", "train.m", "train.eval_every", "eval.batch_size", "train.diagnostics_every")

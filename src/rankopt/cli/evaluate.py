@@ -1,4 +1,5 @@
-"""``rankopt evaluate CHECKPOINT [--dataset NAME --root PATH] [--split ...] [--metrics ...] [--json OUT]``."""
+"""``rankopt evaluate CHECKPOINT [--dataset NAME --root PATH] [--split ...] [--metrics ...] [--multilabels [--graded]]
+[--json OUT]``."""
 
 from __future__ import annotations
 
@@ -21,6 +22,11 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--metrics", nargs="+", metavar="METRIC",
                         help="metric names, or 'all' (default: the checkpoint's eval.metrics)")
     parser.add_argument("--similarity", choices=("cosine", "dot", "neg_l2"), help="default: the checkpoint's")
+    parser.add_argument("--multilabels", action="store_true",
+                        help="relevance from the items' multi-label rows (a CSV's 'labels' column, --dataset csv): "
+                             "relevant when sharing a label, as evaluate-embeddings --multilabels")
+    parser.add_argument("--graded", action="store_true",
+                        help="with --multilabels: the number of shared labels is the relevance grade (h-ap, ndcg)")
     parser.add_argument("--json", metavar="OUT",
                         help="write the result as JSON (with by_category when the queries have categories)")
     parser.add_argument("--output", metavar="DIR",
@@ -39,6 +45,7 @@ def run(args: argparse.Namespace) -> int:
     from rankopt.console import format_table
     from rankopt.engine.assembly import inference_preprocessing
     from rankopt.engine.embed_and_score import evaluate_model
+    from rankopt.engine.relevance_batches import check_splits
     from rankopt.engine.run_writer import write_evaluation_folder
     from rankopt.files import write_text_atomic
     from rankopt.metrics import ALL_METRICS, check_metrics
@@ -52,7 +59,16 @@ def run(args: argparse.Namespace) -> int:
         check_metrics(metrics, source="--metrics")
     check_output(args.json, "--json", inputs=[args.checkpoint])
     check_output(args.output, "--output", folder=True, inputs=[args.checkpoint])
+    if args.graded and not args.multilabels:
+        raise ValueError("--graded goes with --multilabels")
+    if args.multilabels and args.output:
+        raise ValueError("--multilabels writes --json only: the run folder's figures and retrieval.npz (--output) "
+                         "mark class-label matches")
+    relevance = ("multilabel_graded" if args.graded else "multilabel") if args.multilabels else "none"
     model, cfg, datasets, device, batch_transform = load_from_args(args, args.split)
+    if args.multilabels:  # the CSV is read by now, no image decoded yet (building the datasets checks files exist)
+        check_splits(datasets, "--multilabels", cfg.data.eval_name or cfg.data.name,
+                     cfg.data.eval_root or cfg.data.root)
     if args.similarity:
         cfg.eval.similarity = args.similarity
     post = postprocessing_from_args(args, model_fingerprint(model, inference_preprocessing(cfg)))
@@ -60,10 +76,11 @@ def run(args: argparse.Namespace) -> int:
     result, splits = evaluate_model(model, datasets, cfg.eval, device=device, num_workers=args.num_workers,
                                     show_progress=not args.no_progress, metrics=metrics,
                                     batch_transform=batch_transform,
-                                    postprocessing=post)
+                                    postprocessing=post, relevance=relevance)
     dataset = cfg.data.eval_name or cfg.data.name
     out = {"checkpoint": str(args.checkpoint), "dataset": dataset, "splits": list(datasets),
-           "similarity": cfg.eval.similarity, "postprocessing": post.to_dict(), **result.to_dict()}
+           "similarity": cfg.eval.similarity, "postprocessing": post.to_dict(),
+           **({"relevance": relevance} if args.multilabels else {}), **result.to_dict()}
     print(format_table({"value": dict(result.metrics)},
                        f"{dataset} ({' vs '.join(datasets)}): {result.num_queries} queries, "
                        f"{result.num_queries_without_positive} without a positive (excluded)"))

@@ -49,6 +49,7 @@ from rankopt.console import bars_shown
 from rankopt.data.fast_transform import collate
 from rankopt.engine.distributed import gather_for_evaluation
 from rankopt.engine.logging import progress
+from rankopt.engine.relevance_batches import check_evaluation, check_splits, split_relevance, uses_multilabels
 from rankopt.files import open_npy_atomic
 from rankopt.metrics import EvaluationResult, check_metrics, evaluate
 from rankopt.metrics.landmarks import revisited_map
@@ -220,7 +221,7 @@ def query_categories(query: EmbeddedSplit) -> list[str | None] | None:
 
 def score(splits: Sequence[EmbeddedSplit], cfg: EvalConfig, *, device: torch.device | str | None = None,
           metrics: Sequence[str] | None = None, show_progress: bool = False,
-          postprocessing: PostProcessing | None = None) -> Any:
+          postprocessing: PostProcessing | None = None, relevance: str = "none") -> Any:
     """``rankopt.metrics.evaluate`` on one split (self-retrieval) or two (query, gallery);
     the revisitop protocol (all its metrics) when the query split has landmark ground truth.
     When the query split's metadata has ``gallery_contains_queries``, each query's copy in the
@@ -234,11 +235,20 @@ def score(splits: Sequence[EmbeddedSplit], cfg: EvalConfig, *, device: torch.dev
     the queries, applied to the embeddings before scoring. With DBA/αQE a self-retrieval split is
     scored as queries vs the augmented gallery, each query still excluded from its results by index
     and from its own expansion; DBA there is transductive (a gallery item's neighbours may include
-    the query), unlike a separate query set."""
+    the query), unlike a separate query set.
+
+    ``relevance``: ``none`` (class labels), ``multilabel`` or ``multilabel_graded``: the splits' multi-label items
+    (``metadata["multilabels"]``) as the relevance, ``rankopt.engine.relevance_batches.split_relevance`` (query x
+    gallery, or a split against itself), scored by ``evaluate(..., relevance=)`` as ``rankopt evaluate-embeddings
+    --multilabels`` does; not with media averaging, landmark ground truth or ``tar@far`` metrics."""
     if len(splits) not in (1, 2):
         raise ValueError(f"evaluation needs 1 split (self-retrieval) or 2 (query, gallery), got {len(splits)}")
     query = splits[0]
     ref = splits[1] if len(splits) == 2 else None
+    given = None
+    if uses_multilabels(relevance):
+        check_evaluation(relevance, query.metadata, metrics or cfg.metrics)
+        given = split_relevance(query.metadata, None if ref is None else ref.metadata, relevance)
     if ref is not None and any("media" in split.metadata for split in splits):
         raise ValueError("media averaging (metadata['media']) serves self-retrieval only: score one split, not a query "
                          "and a gallery")
@@ -264,7 +274,9 @@ def score(splits: Sequence[EmbeddedSplit], cfg: EvalConfig, *, device: torch.dev
         return EvaluationResult({k: v for k, v in values.items() if "num_queries" not in k}, len(ground_truth), without)
     query_groups, ref_groups = groups if groups is not None else (None, None)
     names, fars = parse_far_keys(list(metrics or cfg.metrics))
-    result = evaluate(query_emb, query_labels, ref_emb, ref_labels,
+    if given is not None:
+        query_labels = ref_labels = None
+    result = evaluate(query_emb, query_labels, ref_emb, ref_labels, relevance=given,
                       metrics=names, similarity=cfg.similarity,
                       chunk_size=cfg.chunk_size, device=device, progress=bars_shown(show_progress), query_ref_index=own,
                       query_groups=query_groups, ref_groups=None if ref_emb is None else ref_groups,
@@ -300,13 +312,21 @@ def evaluate_model(model: torch.nn.Module, datasets: Mapping[str, Dataset], cfg:
                    device: torch.device | str = "cpu", num_workers: int = 0, amp: str = "none",
                    show_progress: bool = True, metrics: Sequence[str] | None = None,
                    batch_transform: Callable[[torch.Tensor], torch.Tensor] | None = None,
-                   postprocessing: PostProcessing | None = None) -> tuple[Any, list[EmbeddedSplit]]:
+                   postprocessing: PostProcessing | None = None,
+                   relevance: str = "none") -> tuple[Any, list[EmbeddedSplit]]:
     """Embed each split of ``datasets`` (ordered: self-retrieval split, or query then gallery) and score them.
 
     ``postprocessing``: the model embeds at its scales; the returned splits are whitened; DBA/αQE act
     in :func:`score` only. The metrics are checked against the splits' label levels before anything is
-    embedded (:func:`check_eval_metrics`)."""
-    check_eval_metrics(datasets, metrics or cfg.metrics, "metrics" if metrics else "eval.metrics")
+    embedded (:func:`check_eval_metrics`); with a multi-label ``relevance`` (:func:`score`), the splits' multi-label
+    items are checked for instead (their grades are the levels)."""
+    if uses_multilabels(relevance):
+        check_splits(datasets, f"relevance={relevance!r}")
+        check_evaluation(relevance, getattr(next(iter(datasets.values()), None), "metadata", None) or {},
+                         metrics or cfg.metrics)
+        check_metrics(metrics or cfg.metrics, source="metrics" if metrics else "eval.metrics")
+    else:
+        check_eval_metrics(datasets, metrics or cfg.metrics, "metrics" if metrics else "eval.metrics")
     post = postprocessing or PostProcessing()
     embedder = post.wrap_model(model)
     splits = [embed_dataset(embedder, ds, batch_size=cfg.batch_size, device=device, num_workers=num_workers,
@@ -316,4 +336,4 @@ def evaluate_model(model: torch.nn.Module, datasets: Mapping[str, Dataset], cfg:
     splits = [dataclasses.replace(split, embeddings=post.whiten(split.embeddings)) for split in splits]
     rank, _ = _distributed()
     return score(splits, cfg, device=device, metrics=metrics, show_progress=show_progress and rank == 0,
-                 postprocessing=post.without_whitening()), splits
+                 postprocessing=post.without_whitening(), relevance=relevance), splits

@@ -45,7 +45,7 @@ from rankopt.config import ExperimentConfig, config_to_dict, save_config
 from rankopt.console import echo, format_table
 from rankopt.data.fast_transform import collate
 from rankopt.describe import machine_info, model_info
-from rankopt.engine import checkpoint as ckpt, loggers, multistage, run_writer
+from rankopt.engine import checkpoint as ckpt, loggers, multistage, relevance_batches, run_writer
 from rankopt.engine.assembly import (adopt_init_model, build_datasets, build_loss, build_model, build_sampler,
                                      build_transforms, resolve_device, seed_everything)
 from rankopt.engine.diagnostics import DIAGNOSTICS
@@ -145,6 +145,7 @@ class Trainer:
         embedding_dim = int(self.model.embedding_dim)
         self.loss_fn = build_loss(cfg, class_counts=(labels.max(axis=0) + 1).tolist(), embedding_dim=embedding_dim)
         self.loss_fn.to(self.device)
+        self.batch_labels = relevance_batches.batch_labels(cfg, self.train_ds, self.loss_fn, world_size=self.world_size)
         if cfg.loss.init == "class_means" and not resume_path:
             # under DDP the loss state is broadcast from rank 0 below
             init_loss_class_means(self.model, self.loss_fn, self.train_ds, self._test_transform(),
@@ -273,7 +274,7 @@ class Trainer:
     def _loss(self, embeddings: torch.Tensor, labels: torch.Tensor, indices: torch.Tensor) -> torch.Tensor:
         if self.memory is not None:
             return self.memory.loss_with_memory(self.train_loss, embeddings, labels, indices, self.global_step)
-        return self.train_loss(embeddings, labels)
+        return self.train_loss(embeddings, self.batch_labels(labels, indices))  # loss.relevance: relevance_batches
 
     def _train_step(self, batch: dict[str, Any]) -> float:
         """One optimisation step; appends its row (loss, terms, learning rates, score differences) to ``step_log``."""

@@ -48,20 +48,24 @@ class Relevance:
 
     @classmethod
     def multilabel(cls, query_matrix: torch.Tensor, item_matrix: torch.Tensor | None = None, *,
-                   graded: bool = False) -> Relevance:
+                   graded: bool = False, grades: int | None = None) -> Relevance:
         """Multi-hot ``(Q, C)``/``(N, C)`` 0/1 matrices (bool, int or float; ``item_matrix=None``: the queries'):
-        any shared label is relevant (``graded=False``), or the number shared is the grade."""
+        any shared label is relevant (``graded=False``), or the number shared is the grade. ``grades`` (graded only;
+        default: the most labels an item of these matrices has) fixes ``G``, e.g. a whole training set's for its
+        batches, so that a grade weighs the same in every batch."""
         q = _multi_hot(query_matrix, "query_matrix")
         items = q if item_matrix is None else _multi_hot(item_matrix, "item_matrix")
         if items.shape[1] != q.shape[1]:
             raise ValueError(f"query_matrix has {q.shape[1]} label columns but item_matrix has {items.shape[1]}")
+        if grades is not None and not graded:
+            raise ValueError("grades= goes with graded=True (binary multi-label relevance has one grade)")
         most = min(int(q.sum(1).max()), int(items.sum(1).max())) if q.numel() and items.numel() else 0
 
         def shared(rows: torch.Tensor, cols: torch.Tensor) -> torch.Tensor:
             counts = q[rows.to(q.device)].double() @ items[cols.to(q.device)].double().T  # exact integers
             return counts.long() if graded else (counts > 0).long()
 
-        return cls(q.shape[0], items.shape[0], max(most, 1) if graded else 1,
+        return cls(q.shape[0], items.shape[0], _grade_count(most, grades) if graded else 1,
                    "graded multilabel" if graded else "multilabel", shared)
 
     @classmethod

@@ -40,7 +40,7 @@ import torch
 
 from rankopt.data import build_dataset
 from rankopt.data.transforms import build_transform
-from rankopt.describe import machine_info
+from rankopt.describe import machine_info, source_commit
 from rankopt.engine.assembly import model_from_checkpoint
 from rankopt.engine.embed_and_score import embed_dataset
 from rankopt.engine.weights import pretrained_checkpoint
@@ -90,7 +90,8 @@ def run_fit(photos: Path, run: Path, seed: int, minutes: float | None, options: 
         raise RuntimeError(f"{' '.join(command)} failed ({code}); see {log}")
     peak = int(log.read_text().rsplit("PEAK_KIB ", 1)[1].split()[0]) / 2**20
     result = {"wall_s": wall, "peak_gib": peak, "fit": json.loads((run / "fit.json").read_text()),
-              "indexed": len(Index.load(run)), "command": "rankopt " + " ".join(command[3:])}
+              "indexed": len(Index.load(run)), "command": "rankopt " + " ".join(command[3:]),
+              "commit": source_commit(), "finished": f"{datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M}"}
     write_text_atomic(done, json.dumps(result, indent=1))
     return result
 
@@ -259,7 +260,10 @@ def main() -> None:
     for row, results in runs.items():
         for r in results:
             command = r["command"].replace("-m rankopt ", "rankopt ").replace(str(args.out), "OUT")  # OUT: --out
-            lines.append(f"- {row}, `{command}`: " + "; ".join(r["fit"]["chosen"]["why"]))
+            code = f"code {r['commit'][:7]}{'+dirty' if r['commit'].endswith('+dirty') else ''}, " \
+                f"{r['finished']} UTC" if r.get("commit") else "code before the refit stage (runs of 2026-11-27 " \
+                "11:16–12:41 UTC)"
+            lines.append(f"- {row} ({code}), `{command}`: " + "; ".join(r["fit"]["chosen"]["why"]))
     write_text_atomic(RESULTS, "\n".join(lines) + "\n")
     print(f"wrote {RESULTS}")
 

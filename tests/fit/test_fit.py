@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -22,7 +23,8 @@ from rankopt.fit import FitSettings, fit
 from rankopt.fit.clock import Clock
 from rankopt.fit.post import choose_postprocessing, score_self_retrieval, served_pipeline
 from rankopt.fit.trunk import TrunkCache, embed_cached, final_resolution_cut
-from rankopt.fit.tune import Candidate, tune
+from rankopt.fit import tune as tune_module
+from rankopt.fit.tune import Candidate, retrain, tune
 from rankopt.models import create_model
 from rankopt.models.stages import cut
 from rankopt.postprocess import Expansion
@@ -88,6 +90,78 @@ def test_tuning_never_returns_a_state_worse_than_the_pretrained_one():
     assert steps and all(s > 0 for s, _ in steps)
     if result.best_state is None:  # every state scored was worse or level: the pretrained one is kept
         assert max(m["map@r"] for _, m in steps) <= result.pretrained["map@r"]
+
+
+def _linear_tail_setup(seed: int = 0):
+    torch.manual_seed(seed)
+    tail = torch.nn.Sequential(torch.nn.Flatten(1), torch.nn.Linear(8, 8))
+    x, labels = _clustered(8, 6, 8, 0.3, seed)
+    start = [p.detach().clone() for p in tail.parameters()]
+
+    def moved() -> float:  # how far the tail went from its start: grows faster with a larger learning rate
+        return float(sum((p.detach() - s).abs().sum() for p, s in zip(tail.parameters(), start)))
+
+    return tail, TrunkCache(x.clone(), (8,)), labels, moved
+
+
+def test_a_candidate_stops_after_patience_scores_without_a_new_best(monkeypatch):
+    monkeypatch.setattr(tune_module, "CHECK_EVERY_S", 0.0)  # a score after every step
+    tail, cache, labels, _ = _linear_tail_setup()
+    train_rows = np.arange(24)
+    began = time.monotonic()
+    result = tune(tail, cache, train_rows, labels[train_rows], lambda: {"map@r": 0.5, "recall@1": 0.5},
+                  [Candidate("sup_ap", 1e-3)], seconds=60.0, clock=Clock(100, say=lambda _: None),
+                  batch_size=16, m=4)
+    trial = result.trials[0]
+    # the first score (0.5) is the trial's best, then PATIENCE level scores end it, long before its 60 s
+    assert [s for s, _ in trial.history] == list(range(1, tune_module.PATIENCE + 2))
+    assert trial.steps == tune_module.PATIENCE + 1 and time.monotonic() - began < 30
+    assert result.best_state is None and result.best_from == "pretrained"  # level with the pretrained state
+
+
+def test_the_learning_rate_grid_is_extended_beyond_a_winning_end(monkeypatch):
+    monkeypatch.setattr(tune_module, "FIRST_ROUND_SHARE", 0.3)  # time for both extensions
+    tail, cache, labels, moved = _linear_tail_setup()
+    train_rows = np.arange(24)
+    result = tune(tail, cache, train_rows, labels[train_rows], lambda: {"map@r": moved(), "recall@1": 0.0},
+                  [Candidate("sup_ap", 1e-4), Candidate("sup_ap", 1e-3)], seconds=4.0,
+                  clock=Clock(100, say=lambda _: None), batch_size=16, m=4)
+    lrs = [t.candidate.lr for t in result.trials]
+    assert lrs == [pytest.approx(v) for v in (1e-4, 1e-3, 1e-2, 1e-1)]  # the winning top end, twice one step up
+    assert result.best_from.startswith("sup_ap lr 0.1,")
+    # a pretrained state that no candidate beats: the grid is not extended
+    tail, cache, labels, moved = _linear_tail_setup()
+    kept = tune(tail, cache, train_rows, labels[train_rows], lambda: {"map@r": -moved(), "recall@1": 0.0},
+                [Candidate("sup_ap", 1e-4), Candidate("sup_ap", 1e-3)], seconds=2.0,
+                clock=Clock(100, say=lambda _: None), batch_size=16, m=4)
+    assert [t.candidate.lr for t in kept.trials] == [1e-4, 1e-3] and kept.best_state is None
+
+
+def test_retraining_repeats_the_chosen_recipe_from_the_pretrained_state():
+    tail, cache, labels, moved = _linear_tail_setup()
+    start = {n: p.detach().clone() for n, p in tail.named_parameters()}
+    rows = np.arange(48)
+
+    def again(steps: int, seconds: float = 60.0) -> tuple[int, dict[str, torch.Tensor]]:
+        with torch.no_grad():  # an earlier state must not matter: retraining starts from start_state
+            for p in tail.parameters():
+                p.add_(1.0)
+        taken = retrain(tail, cache, rows, labels, Candidate("sup_ap", 1e-2), steps, start_state=start,
+                        seconds=seconds, clock=Clock(100, say=lambda _: None), batch_size=16, m=4, seed=3)
+        return taken, {n: p.detach().clone() for n, p in tail.named_parameters()}
+
+    taken, first = again(7)
+    assert taken == 7 and moved() > 0
+    assert all(torch.equal(first[n], v) for n, v in again(7)[1].items())  # same recipe, same seed: same state
+    taken, none = again(7, seconds=0.0)  # no time: no step, the start state
+    assert taken == 0 and all(torch.equal(none[n], start[n]) for n in start)
+
+
+def test_only_photos_with_a_mirrored_copy_are_mirrored():
+    centre = torch.arange(4 * 6, dtype=torch.float32).view(4, 6)
+    cache = TrunkCache(centre, (1, 2, 3), mirrored=-centre[[1, 3]], rows=np.array([1, 3]))
+    out = cache.features(np.array([0, 1, 2, 3]), np.array([True, True, True, False])).view(4, -1)
+    assert torch.equal(out, torch.stack([centre[0], -centre[1], centre[2], centre[3]]))
 
 
 def test_post_processing_is_kept_only_when_it_helps_on_validation():
@@ -176,6 +250,12 @@ def test_a_fit_writes_a_run_folder_with_an_index_of_every_photo(fitted):
     kept = stored["chosen"]["fine_tuned_checkpoint"]
     assert kept == ("fine_tuned.ckpt" if served == "features" and stored["chosen"]["from"] != "pretrained" else None)
     assert (run / "fine_tuned.ckpt").is_file() == (kept is not None)
+    if stored["chosen"]["from"] != "pretrained":  # a fine-tuned state won: its recipe ran again on every class
+        assert stored["refit"]["classes"] == CLASSES and stored["refit"]["photos"] == CLASSES * PER_CLASS
+        assert 1 <= stored["refit"]["steps"] <= stored["refit"]["planned_steps"] and "refit" in stored["seconds"]
+        assert any("run again on all 6 classes" in why for why in stored["chosen"]["why"])
+    else:
+        assert "refit" not in stored
     if kept is not None:
         tuned, served_weights = (load_checkpoint(run / name)["model"] for name in (kept, "model.ckpt"))
         assert any(not torch.equal(tuned[k], served_weights[k]) for k in tuned)

@@ -31,6 +31,9 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--no-dba", dest="dba", action="store_false",
                         help="do not try database-side augmentation (tried by default: each indexed vector averaged "
                              "with its neighbours, recomputed for every item when the index changes)")
+    parser.add_argument("--no-refit", dest="refit", action="store_false",
+                        help="serve the model trained on the training classes only (by default the chosen recipe is "
+                             "run again on every class, the validation ones included)")
     add_threads_argument(parser)
     parser.set_defaults(func=run)
 
@@ -43,5 +46,6 @@ def run(args: argparse.Namespace) -> int:
     apply_threads(args)
     fit(args.photos, args.out, FitSettings(minutes=args.minutes, backbone=args.backbone, weights=args.weights,
                                            seed=args.seed, device=args.device,
-                                           validation_fraction=args.validation_fraction, dba=args.dba))
+                                           validation_fraction=args.validation_fraction, dba=args.dba,
+                                           refit=args.refit))
     return 0

@@ -9,6 +9,8 @@ Stages (each prints one line with its time and the work left, :mod:`rankopt.fit.
    allows);
 4. ``features``: the pretrained embeddings, scored on the validation classes;
 5. ``tune``: the tail fine-tuned by a rank loss, the learning rate chosen on validation (:mod:`rankopt.fit.tune`);
+   ``refit``: the chosen recipe (loss, learning rate, steps) run again from the pretrained state on every class,
+   the validation ones included (``--no-refit``: not), the fine-tuned model from then on;
 6. ``post``: whitening, DBA, αQE chosen on validation for the features and for the fitted model
    (:mod:`rankopt.fit.post`); the fitted pipeline is served only when it beats the features' pipeline on the
    validation classes by more than the luck of those classes (:func:`rankopt.fit.post.served_pipeline`), so never
@@ -56,7 +58,7 @@ from rankopt.fit.scales import BUDGET_SHARE as SCALES_BUDGET_SHARE
 from rankopt.fit.scales import MultiScaleTrial, estimated_seconds, try_multiscale
 from rankopt.fit.sizing import CPU_BATCH, Sizing, size_for
 from rankopt.fit.trunk import TrunkCache, embed_cached, final_resolution_cut, trunk_outputs
-from rankopt.fit.tune import Candidate, TuneResult, load_trainable, tune
+from rankopt.fit.tune import Candidate, TuneResult, load_trainable, retrain, trainable_state, tune
 from rankopt.fit.weights import resolve_checkpoint
 from rankopt.models.multiscale import DEFAULT_SCALES
 from rankopt.models.stages import cut
@@ -76,6 +78,8 @@ TRUNK_SHARE = 0.5
 """Above this share of the budget for one pass over the photos, the fit warns that little time is left to train."""
 FINE_TUNED = "fine_tuned.ckpt"
 """The fine-tuned model when the features are served instead (``model.ckpt`` is always the served one)."""
+REFIT_MARGIN = 1.2
+"""The time kept for retraining, as a multiple of the chosen steps' time (scaled to every class's photos)."""
 MIRROR_SHARE = 0.25
 """The mirrored training copies are computed when they take at most this share of the budget left."""
 
@@ -99,6 +103,9 @@ class FitSettings:
     m: int = 4
     dba: bool = True
     """Whether DBA is tried on validation (the index stays changeable: its vectors are recomputed on a change)."""
+    refit: bool = True
+    """Whether the chosen recipe (loss, learning rate, steps) is run again on every class, the validation ones
+    included, for the served model (:func:`rankopt.fit.tune.retrain`; the steps scaled by the photos added)."""
 
 
 def check_run_folder(out: str | os.PathLike[str]) -> Path:
@@ -202,13 +209,20 @@ def fit(photos_source: str | os.PathLike[str], out: str | os.PathLike[str], sett
         seconds = max(0.0, clock.left() - sum(v for k, v in clock.planned.items() if k != "tune")
                       - 0.05 * clock.budget_s)
         clock.plan("tune", seconds)
+        refit_ratio = len(rows_all) / max(1, len(train_rows)) if settings.refit else 0.0
         tuned = tune(tail, cache, train_rows, photos.labels[train_rows], validate, candidates, seconds=seconds,
-                     clock=clock, batch_size=settings.batch_size, m=settings.m, seed=settings.seed)
+                     clock=clock, batch_size=settings.batch_size, m=settings.m, seed=settings.seed,
+                     reserve_per_step=REFIT_MARGIN * refit_ratio)
         stage["done"] = (f"best on validation: {tuned.best_from} (mAP@R {tuned.best_metrics['map@r']:.4f}); "
                          f"{sum(t.steps for t in tuned.trials)} steps ({seconds:.0f} s were available)")
         if seconds < NO_TIME_S:
             stage["done"] += (f"; no time was left to fine-tune: the stages before took {clock_text(clock.elapsed())} "
                               f"of the {clock_text(clock.budget_s)} budget (a larger --minutes gives it time)")
+    refit, refit_state = None, None
+    if settings.refit and tuned.best_state is not None and tuned.best_candidate is not None:
+        with clock.stage("refit") as stage:
+            refit, refit_state = _refit(tail, cache, photos, tuned, settings, clock, rows_all, train_rows)
+            stage["done"] = refit["note"]
     with clock.stage("post") as stage:
         fitted = None
         if tuned.best_state is not None:
@@ -223,11 +237,14 @@ def fit(photos_source: str | os.PathLike[str], out: str | os.PathLike[str], sett
             served_pipeline(by_class["features"], by_class["fitted"])
         stage["done"] = "; ".join(f"{k} + {c.describe()}: mAP@R {c.metrics['map@r']:.4f}" for k, c in choices.items())
         stage["done"] += f"; {served_why}"
+    if refit_state is not None:  # the validated recipe on every class: the fine-tuned model from here on
+        load_trainable(tail, refit_state)
+        refitted = embed_cached(tail, cache, rows_all)
     if served == "features":
         if tuned.best_state is not None:  # the fine-tuned model, not served, kept for a look (and a fair score)
             _save_model(folder / FINE_TUNED, net, cfg, checkpoint)
         load_trainable(tail, tuned.pretrained_state)
-    embeddings = features if served == "features" else fitted
+    embeddings = features if served == "features" else refitted if refit_state is not None else fitted
     assert embeddings is not None
     served_choice, scales = choices[served], None
     late = multiscale and clock.left() < scales_s + clock.planned.get("index", 0.0)
@@ -251,6 +268,9 @@ def fit(photos_source: str | os.PathLike[str], out: str | os.PathLike[str], sett
         record = _record(settings, sizing, str(photos_source), photos, features_val, features_by_class, fitted,
                          choices, (served, served_why), tuned, clock, device, cfg.model.backbone, val_rows, checkpoint)
         record["chosen"]["why"].append(trial.note)
+        if refit is not None:
+            record["chosen"]["why"].insert(1, refit["note"])
+            record["refit"] = {k: v for k, v in refit.items() if k != "note"}
         record["chosen"]["multiscale"] = None if scales is None else list(scales)
         record["served"] = trial.choice.metrics if scales is not None and trial.choice else choices[served].metrics
         write_text_atomic(folder / "fit.json", json.dumps(record, indent=2) + "\n")
@@ -262,6 +282,28 @@ def fit(photos_source: str | os.PathLike[str], out: str | os.PathLike[str], sett
     clock.line(f"finished in {clock_text(clock.elapsed())} (budget {clock_text(clock.budget_s)}): "
                f"rankopt serve {folder}")
     return record
+
+
+def _refit(tail: Any, cache: TrunkCache, photos: Photos, tuned: TuneResult, settings: FitSettings, clock: Clock,
+           rows_all: np.ndarray, train_rows: np.ndarray) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
+    """The chosen candidate again from the pretrained state on every photo, for its chosen steps scaled by the
+    photos added (same epochs), within the time left; its record and state."""
+    assert tuned.best_candidate is not None
+    steps = round(tuned.best_step * len(rows_all) / max(1, len(train_rows)))
+    later = sum(v for k, v in clock.planned.items() if k not in ("tune", "refit"))
+    seconds = max(0.0, clock.left() - later - 0.05 * clock.budget_s)
+    began = time.monotonic()
+    taken = retrain(tail, cache, rows_all, photos.labels, tuned.best_candidate, steps,
+                    start_state=tuned.pretrained_state, seconds=seconds, clock=clock, batch_size=settings.batch_size,
+                    m=settings.m, seed=settings.seed)
+    classes = int(np.unique(photos.labels).size)
+    note = (f"the chosen recipe ({tuned.best_candidate.describe()}, {tuned.best_step} steps on "
+            f"{np.unique(photos.labels[train_rows]).size} classes) run again on all {classes} classes, the validation "
+            f"ones included: {taken} steps" + ("" if taken == steps else f" of {steps} (the time ran out)") +
+            "; the validation scores are those of the model before it (a model cannot be scored on classes it "
+            "trained on), and the retrained model is the fine-tuned one served or kept")
+    return ({"note": note, "steps": taken, "planned_steps": steps, "classes": classes, "photos": int(len(rows_all)),
+             "seconds": time.monotonic() - began}, trainable_state(tail))
 
 
 def _steps_text(index: Index) -> str:

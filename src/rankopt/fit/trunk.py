@@ -49,8 +49,11 @@ class TrunkCache:
     rows: np.ndarray | None = None
 
     def features(self, index: np.ndarray, mirror: np.ndarray | None = None) -> torch.Tensor:
-        """``(B, C, H, W)`` outputs of photos ``index``; where ``mirror`` is set, their mirrored copy."""
+        """``(B, C, H, W)`` outputs of photos ``index``; where ``mirror`` is set, their mirrored copy (photos
+        without one, outside ``rows``, stay centred)."""
         out = self.center[torch.as_tensor(index)].clone()
+        if mirror is not None and self.mirrored is not None:
+            mirror = mirror & np.isin(index, self.rows)
         if mirror is not None and self.mirrored is not None and mirror.any():
             slot = np.searchsorted(self.rows, index[mirror])
             out[torch.as_tensor(np.flatnonzero(mirror))] = self.mirrored[torch.as_tensor(slot)]

@@ -10,7 +10,8 @@ seen on validation, and the pretrained state itself is among them (scored before
 worse than the features it started from on validation. Batches: ``m`` photos of each of
 ``batch_size / m`` classes, each photo centred or mirrored at random; Adam (the trainer's,
 :func:`rankopt.engine.optim.build_optimizer`) with the :data:`WARMUP` schedule, BatchNorm statistics frozen (the
-trunk is not trained at all).
+trunk is not trained at all). :func:`retrain` runs the chosen candidate again from the pretrained state, for its
+chosen steps, on the training and the validation photos together (``rankopt fit``'s ``refit`` stage).
 """
 
 from __future__ import annotations
@@ -87,6 +88,8 @@ class TuneResult:
     pretrained: dict[str, float]
     pretrained_state: dict[str, torch.Tensor]
     step_seconds: float
+    best_candidate: Candidate | None = None
+    best_step: int = 0
 
 
 def trainable_state(model: nn.Module) -> dict[str, torch.Tensor]:
@@ -101,37 +104,66 @@ def load_trainable(model: nn.Module, state: dict[str, torch.Tensor]) -> None:
                 p.copy_(state[name])
 
 
-def _batches(labels: np.ndarray, batch_size: int, m: int, seed: int) -> Any:
-    classes = np.unique(labels).size
-    size = min(batch_size, m * classes)
-    return build_batch_sampler("m_per_class", labels, size, m, seed=seed, small_class_policy="fewer")
+class _Batches:
+    """An endless stream of batches of ``labels``' rows: ``m`` photos of each of ``batch_size / m`` classes, a new
+    shuffle every pass."""
+
+    def __init__(self, labels: np.ndarray, batch_size: int, m: int, seed: int) -> None:
+        size = min(batch_size, m * np.unique(labels).size)
+        self.sampler = build_batch_sampler("m_per_class", labels, size, m, seed=seed, small_class_policy="fewer")
+        self.epoch, self.queue = 0, []  # type: ignore[var-annotated]
+
+    def __len__(self) -> int:
+        return len(self.sampler)
+
+    def next(self) -> np.ndarray:
+        if not self.queue:
+            self.sampler.set_epoch(self.epoch)
+            self.epoch += 1
+            self.queue.extend(np.asarray(b) for b in self.sampler)
+        return self.queue.pop(0)
+
+
+def _train_step(tail: nn.Module, loss_fn: nn.Module, optimizer: torch.optim.Optimizer, cache: TrunkCache,
+                rows: np.ndarray, labels: np.ndarray, picks: np.ndarray, rng: np.random.Generator, lr: float,
+                step: int, total_steps: int) -> float:
+    """One step on the cached photos ``rows[picks]`` (each centred or mirrored at random), the learning rate
+    warmed up (:data:`WARMUP`); returns the loss."""
+    device = next(tail.parameters()).device
+    batch = rows[picks]
+    mirror = rng.random(len(batch)) < 0.5 if cache.mirrored is not None else None
+    x = cache.features(batch, mirror).to(device)
+    y = torch.as_tensor(labels[picks], device=device)
+    for group in optimizer.param_groups:
+        group["lr"] = lr * lr_factor(WARMUP, step, total_steps)
+    loss = loss_fn(tail(x), y)
+    optimizer.zero_grad(set_to_none=True)
+    loss.backward()
+    optimizer.step()
+    return loss.item()
+
+
+def _optimizer(tail: nn.Module, candidate: Candidate) -> torch.optim.Optimizer:
+    params = [p for p in tail.parameters() if p.requires_grad]
+    return build_optimizer(params, OptimizerConfig("adam", candidate.lr, WEIGHT_DECAY))
 
 
 def tune(tail: nn.Module, cache: TrunkCache, train_rows: np.ndarray, train_labels: np.ndarray,
          validate: Callable[[], dict[str, float]], candidates: Sequence[Candidate], *, seconds: float,
-         clock: Clock, batch_size: int = 64, m: int = 4, seed: int = 0) -> TuneResult:
+         clock: Clock, batch_size: int = 64, m: int = 4, seed: int = 0, reserve_per_step: float = 0.0) -> TuneResult:
     """Train ``tail`` on the cached trunk outputs of ``train_rows`` for about ``seconds``; ``validate()``
-    scores the tail's current state on the validation classes."""
+    scores the tail's current state on the validation classes. ``reserve_per_step``: the best candidate's
+    continuation leaves ``reserve_per_step`` × (the best state's step) × (one step's time) of ``seconds`` unused,
+    the time of retraining the winner (:func:`retrain`)."""
     device = next(tail.parameters()).device
     start_state = trainable_state(tail)
     pretrained = validate()
-    best = {"state": None, "metrics": pretrained, "from": "pretrained"}
+    best = {"state": None, "metrics": pretrained, "from": "pretrained", "trial": None, "step": 0}
     trials = [Trial(c, copy.deepcopy(start_state)) for c in candidates]
-    sampler = _batches(train_labels, batch_size, m, seed)
+    batches = _Batches(train_labels, batch_size, m, seed)
     rng = np.random.default_rng(seed)
-    batches: list[np.ndarray] = []
-    epoch = 0
     step_times: list[float] = []
-
-    def next_batch() -> np.ndarray:
-        nonlocal epoch
-        if not batches:
-            sampler.set_epoch(epoch)
-            epoch += 1
-            batches.extend(np.asarray(b) for b in sampler)
-        return batches.pop(0)
-
-    total_steps = MAX_EPOCHS * max(1, len(sampler))
+    total_steps = MAX_EPOCHS * max(1, len(batches))
     began = time.monotonic()
 
     def run(trial: Trial, share: float) -> None:
@@ -139,8 +171,7 @@ def tune(tail: nn.Module, cache: TrunkCache, train_rows: np.ndarray, train_label
         :data:`PATIENCE` scores without a new best of its own, or after :data:`MAX_EPOCHS` passes of its own."""
         load_trainable(tail, trial.state)
         loss_fn = losses.build(trial.candidate.loss).to(device)
-        params = [p for p in tail.parameters() if p.requires_grad]
-        optimizer = build_optimizer(params, OptimizerConfig("adam", trial.candidate.lr, WEIGHT_DECAY))
+        optimizer = _optimizer(tail, trial.candidate)
         if trial.optimizer_state is not None:
             optimizer.load_state_dict(trial.optimizer_state)
         until = time.monotonic() + share
@@ -149,20 +180,10 @@ def tune(tail: nn.Module, cache: TrunkCache, train_rows: np.ndarray, train_label
         tail.train()
         while time.monotonic() < until and trial.steps < total_steps and stale < PATIENCE:
             began = time.monotonic()
-            picks = next_batch()
-            rows = train_rows[picks]
-            mirror = rng.random(len(rows)) < 0.5 if cache.mirrored is not None else None
-            x = cache.features(rows, mirror).to(device)
-            y = torch.as_tensor(train_labels[picks], device=device)
-            for group in optimizer.param_groups:
-                group["lr"] = trial.candidate.lr * lr_factor(WARMUP, trial.steps, total_steps)
-            loss = loss_fn(tail(x), y)
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            optimizer.step()
+            value = _train_step(tail, loss_fn, optimizer, cache, train_rows, train_labels, batches.next(), rng,
+                                trial.candidate.lr, trial.steps, total_steps)
             trial.steps += 1
             step_times.append(time.monotonic() - began)
-            value = loss.item()
             clock.heartbeat(lambda: f"  tuning {trial.candidate.describe()}: step {trial.steps}, "
                                     f"loss {value:.4f}, {1 / np.median(step_times[-20:]):.1f} steps/s")
             if time.monotonic() >= next_check or time.monotonic() >= until or trial.steps == total_steps:
@@ -178,7 +199,7 @@ def tune(tail: nn.Module, cache: TrunkCache, train_rows: np.ndarray, train_label
         tail.train()
         trial.history.append((trial.steps, metrics))
         if metrics[SELECT_ON] > best["metrics"][SELECT_ON]:
-            best.update(state=trainable_state(tail), metrics=metrics,
+            best.update(state=trainable_state(tail), metrics=metrics, trial=trial.candidate, step=trial.steps,
                         **{"from": f"{trial.candidate.describe()}, step {trial.steps}"})
 
     share = FIRST_ROUND_SHARE if len(trials) > 1 else 1.0
@@ -198,8 +219,33 @@ def tune(tail: nn.Module, cache: TrunkCache, train_rows: np.ndarray, train_label
             run(trials[-1], each)
             clock.line(f"  {trials[-1].summary()} (one step beyond the grid's end {leader.candidate.lr:g})")
             leader = max(trials, key=Trial.best)
-        run(leader, left())
+        reserve = reserve_per_step * best["step"] * (float(np.median(step_times)) if step_times else 0.0)
+        run(leader, left() - reserve)
         clock.line(f"  continued {leader.summary()}")
     load_trainable(tail, start_state)
     return TuneResult(best["state"], best["metrics"], best["from"], trials, pretrained, start_state,
-                      float(np.median(step_times)) if step_times else float("nan"))
+                      float(np.median(step_times)) if step_times else float("nan"), best["trial"], best["step"])
+
+
+def retrain(tail: nn.Module, cache: TrunkCache, rows: np.ndarray, labels: np.ndarray, candidate: Candidate,
+            steps: int, *, start_state: dict[str, torch.Tensor], seconds: float, clock: Clock, batch_size: int = 64,
+            m: int = 4, seed: int = 0) -> int:
+    """The chosen recipe again from ``start_state``: ``candidate`` for ``steps`` steps on ``rows`` (the training
+    and the validation photos), stopped after ``seconds`` at most; the tail keeps the result. Returns the steps
+    taken."""
+    load_trainable(tail, start_state)
+    loss_fn = losses.build(candidate.loss).to(next(tail.parameters()).device)
+    optimizer = _optimizer(tail, candidate)
+    batches = _Batches(labels, batch_size, m, seed)
+    rng = np.random.default_rng(seed)
+    until, taken = time.monotonic() + seconds, 0
+    tail.train()
+    while taken < steps and time.monotonic() < until:
+        value = _train_step(tail, loss_fn, optimizer, cache, rows, labels, batches.next(), rng, candidate.lr, taken,
+                            MAX_EPOCHS * max(1, len(batches)))
+        taken += 1
+        clock.heartbeat(lambda: f"  retraining {candidate.describe()} on every class: step {taken} of {steps}, "
+                                f"loss {value:.4f}")
+    tail.eval()
+    return taken
+

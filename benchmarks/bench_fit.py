@@ -259,7 +259,8 @@ def main() -> None:
     lines += ["", "Per run (`fit.json` `chosen.why`; `OUT` is `--out`):", ""]
     for row, results in runs.items():
         for r in results:
-            command = r["command"].replace("-m rankopt ", "rankopt ").replace(str(args.out), "OUT")  # OUT: --out
+            out_dir = str(Path(r["command"].split("--out ")[1].split()[0]).parent)  # the --out of its run
+            command = r["command"].replace("-m rankopt ", "rankopt ").replace(out_dir, "OUT")  # OUT: --out
             code = f"code {r['commit'][:7]}{'+dirty' if r['commit'].endswith('+dirty') else ''}, " \
                 f"{r['finished']} UTC" if r.get("commit") else "code before the refit stage (runs of 2026-11-27 " \
                 "11:16–12:41 UTC)"

@@ -239,12 +239,12 @@ def fit(photos_source: str | os.PathLike[str], out: str | os.PathLike[str], sett
         stage["done"] += f"; {served_why}"
     if refit_state is not None:  # the validated recipe on every class: the fine-tuned model from here on
         load_trainable(tail, refit_state)
-        refitted = embed_cached(tail, cache, rows_all)
     if served == "features":
         if tuned.best_state is not None:  # the fine-tuned model, not served, kept for a look (and a fair score)
             _save_model(folder / FINE_TUNED, net, cfg, checkpoint)
         load_trainable(tail, tuned.pretrained_state)
-    embeddings = features if served == "features" else refitted if refit_state is not None else fitted
+    embeddings = features if served == "features" else \
+        embed_cached(tail, cache, rows_all) if refit_state is not None else fitted  # the tail holds the refit
     assert embeddings is not None
     served_choice, scales = choices[served], None
     late = multiscale and clock.left() < scales_s + clock.planned.get("index", 0.0)

@@ -202,10 +202,15 @@ class TrainConfig:
 
 @dataclass
 class EvalConfig:
+    """The evaluations during training. ``relevance``: what they count as relevant: ``loss`` (the default: the
+    loss's ``loss.relevance``), ``none`` (the class labels), ``multilabel`` or ``multilabel_graded`` (the evaluation
+    splits' multi-label items, ``rankopt.engine.relevance_batches.split_relevance``)."""
+
     metrics: list[str] = field(default_factory=lambda: list(DEFAULT_METRICS))
     similarity: str = "cosine"
     chunk_size: int | None = None
     batch_size: int = 256
+    relevance: str = "loss"
 
 
 @dataclass
@@ -253,6 +258,7 @@ _CHOICES: dict[str, tuple[str, ...]] = {
     "eval.similarity": ("cosine", "dot", "neg_l2"),
     "loss.init": ("random", "class_means"),
     "loss.relevance": ("none", "multilabel", "multilabel_graded"),
+    "eval.relevance": ("loss", "none", "multilabel", "multilabel_graded"),
 }
 LOGGERS = ("tensorboard", "mlflow", "wandb")  # output.loggers
 _POSITIVE = ("train.batch_size", "train.m", "train.eval_every", "eval.batch_size", "train.diagnostics_every")

@@ -208,3 +208,41 @@ def test_evaluate_multilabels_refusals(tmp_path, capsys, monkeypatch):
     assert main(["evaluate", *common, "--multilabels", "--metrics", "map@r", "tar@far=1e-02"]) == 1
     assert "not with tar@far metrics" in capsys.readouterr().err
     assert embedded == []
+
+
+@pytest.mark.parametrize("extra, want", [
+    (("loss.relevance=multilabel",), "multilabel"),  # eval.relevance=loss: the loss's
+    (("loss.relevance=multilabel_graded",), "multilabel_graded"),
+    (("loss.relevance=multilabel", "eval.relevance=none"), "none"),
+    (("eval.relevance=multilabel",), "multilabel"),  # a class-label loss judged by the items' labels
+])
+def test_evaluations_during_training_follow_eval_relevance(tmp_path, extra, want):
+    """The trainer's evaluation scores the evaluation splits with the relevance ``eval.relevance`` names (by default
+    the loss's): the values of ``evaluate_model(..., relevance=want)`` on the same model, which the other relevance
+    does not give."""
+    csv, _ = write_csv(tmp_path)
+    cfg = config(tmp_path, csv, "eval.metrics=[map@r,recall@1,map,ndcg]", *extra)
+    trainer = Trainer(cfg)
+    got = trainer.evaluate()
+    by = {mode: embed_and_score.evaluate_model(trainer.model, trainer.eval_ds, cfg.eval, show_progress=False,
+                                               relevance=mode)[0].metrics
+          for mode in ("none", "multilabel", "multilabel_graded")}
+    assert {k: got[k] for k in by[want]} == pytest.approx(by[want], abs=1e-9)
+    assert all(by[other] != pytest.approx(by[want], abs=1e-6) for other in by if other != want)
+
+
+def test_multilabel_evaluation_refused_before_training(tmp_path):
+    """``eval.relevance`` (given, or the loss's) multi-label on evaluation data without a ``labels`` column: refused
+    when the trainer is built, before any image is embedded or the run folder made, naming the file and the column."""
+    csv, _ = write_csv(tmp_path, labels=False)
+    with pytest.raises(ValueError, match="'eval.relevance': 'multi'"):
+        config(tmp_path, csv, "eval.relevance=multi")
+    with pytest.raises(ValueError, match=rf"eval.relevance=multilabel needs multi-label items, but the CSV file {csv} "
+                                         r"has no 'labels' column .*\(split 'query'\)"):
+        Trainer(config(tmp_path, csv, "eval.relevance=multilabel"))
+    assert not (tmp_path / "run").exists()  # refused before the run folder is made
+    with_labels, _ = write_csv(tmp_path / "other")
+    with pytest.raises(ValueError, match=rf"eval.relevance=loss \(loss.relevance=multilabel\) needs multi-label items, "
+                                         rf"but the CSV file {csv} has no 'labels' column"):  # training items have them
+        Trainer(config(tmp_path, with_labels, "loss.relevance=multilabel", f"data.eval_root={csv}",
+                       "data.eval_name=csv"))

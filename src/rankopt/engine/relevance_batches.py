@@ -10,7 +10,9 @@ batch's labels: the rows are picked by the batch's dataset indices (``batch["ind
 are unchanged. Graded, ``G`` is the training set's (the most labels an item has), the same in every batch.
 
 What keeps the class labels (the ``label`` column): the sampler (``m_per_class`` draws classes of ``label``), the
-score differences and diagnostics of ``steps.csv``, a loss's class counts, and the evaluations during training.
+score differences and diagnostics of ``steps.csv`` and a loss's class counts. The evaluations during training
+follow ``eval.relevance`` (:func:`evaluation_mode`): by default the loss's relevance, on the evaluation splits'
+multi-label items.
 
 Supported with it: multistaged backprop (``train.sub_batch_size``: the full batch's relevance reaches the loss).
 Refused, with an error naming the setting: the cross-batch memory (``train.memory.enabled``: it stores class
@@ -96,14 +98,28 @@ def _class_labels(labels: torch.Tensor, indices: torch.Tensor) -> torch.Tensor:
     return labels
 
 
-def batch_labels(cfg: Any, train_ds: Any, loss_fn: Any, *, world_size: int = 1) -> BatchLabels:
+def batch_labels(cfg: Any, train_ds: Any, loss_fn: Any, *, world_size: int = 1,
+                 eval_ds: Mapping[str, Any] | None = None) -> BatchLabels:
     """What the trainer's loss gets per batch under ``cfg.loss.relevance``: the class labels (``none``) or a
-    :class:`BatchRelevance`, after refusing the combinations it cannot serve (module docstring)."""
+    :class:`BatchRelevance`, after refusing the combinations it cannot serve (module docstring); then ``eval_ds``,
+    the evaluation splits, are checked for the relevance of the evaluations (:func:`evaluation_mode`)."""
     mode = cfg.loss.relevance
     graded = check_mode(mode, "loss.relevance")
-    if mode == "none":
-        return _class_labels
-    source = f"loss.relevance={mode}"
+    given: BatchLabels = _class_labels
+    if mode != "none":
+        _check_training(cfg, train_ds, loss_fn, world_size)
+        given = BatchRelevance(multilabel_rows(train_ds), graded=graded)
+    judged = evaluation_mode(cfg)
+    if eval_ds and uses_multilabels(judged):
+        source = f"eval.relevance={cfg.eval.relevance}" + (f" (loss.relevance={judged})" if cfg.eval.relevance ==
+                                                           "loss" else "")
+        check_splits(eval_ds, source, cfg.data.eval_name or cfg.data.name, cfg.data.eval_root or cfg.data.root)
+        check_evaluation(judged, next(iter(eval_ds.values())).metadata or {}, cfg.eval.metrics)
+    return given
+
+
+def _check_training(cfg: Any, train_ds: Any, loss_fn: Any, world_size: int) -> None:
+    source = f"loss.relevance={cfg.loss.relevance}"
     missing = missing_multilabels(train_ds, cfg.data.name, cfg.data.root)
     if missing:
         raise ValueError(f"{source} needs multi-label items, but {missing}")
@@ -116,7 +132,16 @@ def batch_labels(cfg: Any, train_ds: Any, loss_fn: Any, *, world_size: int = 1) 
     if world_size > 1:
         raise ValueError(f"{source} trains in one process only: DDP's global-batch loss gathers class labels "
                          f"({world_size} processes)")
-    return BatchRelevance(multilabel_rows(train_ds), graded=graded)
+
+
+def evaluation_mode(cfg: Any) -> str:
+    """The relevance of the evaluations during training: ``eval.relevance``, or the loss's (``loss.relevance``) when
+    it is ``loss``."""
+    mode = cfg.eval.relevance
+    if mode == "loss":
+        return cfg.loss.relevance
+    check_mode(mode, "eval.relevance")
+    return mode
 
 
 def check_splits(datasets: Mapping[str, Any], source: str, data_name: str | None = None, file: object = None) -> None:

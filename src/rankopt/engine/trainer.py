@@ -109,8 +109,7 @@ class Trainer:
         self.cfg = cfg
         self.run_info = dict(run_info or {})
         info = init_distributed()  # one process unless launched by torchrun
-        self.rank, self.world_size = info.rank, info.world_size
-        self.is_main = info.is_main
+        self.rank, self.world_size, self.is_main = info.rank, info.world_size, info.is_main
         self.device = resolve_device(cfg.train.device, info.local_rank)
         stamp = datetime.now(timezone.utc).strftime("%Y%m%d-%H%M%S")
         self.run_dir = Path(run_dir or cfg.output.dir or Path("runs") / f"{cfg.name}-{stamp}")
@@ -145,7 +144,8 @@ class Trainer:
         embedding_dim = int(self.model.embedding_dim)
         self.loss_fn = build_loss(cfg, class_counts=(labels.max(axis=0) + 1).tolist(), embedding_dim=embedding_dim)
         self.loss_fn.to(self.device)
-        self.batch_labels = relevance_batches.batch_labels(cfg, self.train_ds, self.loss_fn, world_size=self.world_size)
+        self.batch_labels = relevance_batches.batch_labels(cfg, self.train_ds, self.loss_fn, world_size=self.world_size,
+                                                           eval_ds=self.eval_ds)  # and what the evaluations need
         if cfg.loss.init == "class_means" and not resume_path:
             # under DDP the loss state is broadcast from rank 0 below
             init_loss_class_means(self.model, self.loss_fn, self.train_ds, self._test_transform(),
@@ -400,10 +400,10 @@ class Trainer:
         """Metrics of the current model on the evaluation splits (all ranks take part)."""
         result, self.last_splits = evaluate_model(
             self.model, self.eval_ds, self.cfg.eval, device=self.device, num_workers=self.cfg.data.num_workers,
-            amp=self.cfg.train.amp, show_progress=self.show, batch_transform=self.batch_transforms[1])
-        metrics = dict(result.metrics)
-        metrics["num_queries"] = result.num_queries
-        metrics["num_queries_without_positive"] = result.num_queries_without_positive
+            amp=self.cfg.train.amp, show_progress=self.show, batch_transform=self.batch_transforms[1],
+            relevance=relevance_batches.evaluation_mode(self.cfg))  # eval.relevance: the loss's, labels or items
+        metrics = {**result.metrics, "num_queries": result.num_queries,
+                   "num_queries_without_positive": result.num_queries_without_positive}
         self.last_by_category = result.to_record().get("by_category", {})  # OML categories (csv): report.json only
         return metrics
 

@@ -130,6 +130,12 @@ def test_training_refusals_and_batch_rows(tmp_path):
     assert relevance.block(slice(None)).tolist() == ((want.long() @ want.long().T) > 0).long().tolist()
     with pytest.raises(ValueError, match="trains in one process only: DDP"):
         batch_labels(cfg, train, build("sup_ap"), world_size=2)
+    cfg.loss.relevance, cfg.eval.relevance = "none", "multilabel"
+    validation = {"validation": build_dataset("csv", csv, "validation")}
+    with pytest.raises(ValueError, match=r"eval.relevance=multilabel evaluates in one process only \(2 processes\)"):
+        batch_labels(cfg, train, build("roadmap"), world_size=2, eval_ds=validation)
+    assert batch_labels(cfg, train, build("roadmap"), eval_ds=validation)(labels, some) is labels
+    cfg.eval.relevance = "loss"
     cfg.loss.relevance = "none"
     assert batch_labels(cfg, train, build("roadmap"), world_size=2)(labels, torch.arange(3)) is labels
 

@@ -114,7 +114,11 @@ def batch_labels(cfg: Any, train_ds: Any, loss_fn: Any, *, world_size: int = 1,
         source = f"eval.relevance={cfg.eval.relevance}" + (f" (loss.relevance={judged})" if cfg.eval.relevance ==
                                                            "loss" else "")
         check_splits(eval_ds, source, cfg.data.eval_name or cfg.data.name, cfg.data.eval_root or cfg.data.root)
-        check_evaluation(judged, next(iter(eval_ds.values())).metadata or {}, cfg.eval.metrics)
+        if world_size > 1:
+            raise ValueError(f"{source} evaluates in one process only ({world_size} processes): set "
+                             "eval.relevance=none under DDP and evaluate the checkpoint with rankopt evaluate "
+                             "--multilabels")
+        check_evaluation(judged, getattr(next(iter(eval_ds.values())), "metadata", None) or {}, cfg.eval.metrics)
     return given
 
 

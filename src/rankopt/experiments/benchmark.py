@@ -89,11 +89,13 @@ class Benchmark:
 
 
 _PRETRAINED = ("model.pretrained=true", f"model.kwargs.pretrained_path={WEIGHTS}")
-_RELEASED = ("train.epochs=0",)
+_RELEASED = ("train.epochs=0",)  # the released weights evaluated as they are: every seed gives the same values
 
 
 def _init(loss: str) -> tuple[str, ...]:
-    return ("loss.init=class_means",) if loss in CLASS_MEAN_INIT else ()  # the released weights evaluated as they are: every seed gives the same values
+    """``loss.init=class_means`` for the losses of :data:`CLASS_MEAN_INIT`."""
+    return ("loss.init=class_means",) if loss in CLASS_MEAN_INIT else ()
+
 
 BENCHMARKS: dict[str, Benchmark] = {
     "omniglot": Benchmark("omniglot", ("data.kwargs.alphabets=4", "train.batch_size=64",

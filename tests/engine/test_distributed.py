@@ -9,6 +9,7 @@ from __future__ import annotations
 import copy
 import os
 import socket
+import warnings
 
 import pytest
 import torch
@@ -119,7 +120,7 @@ def _check_frozen_bn_under_ddp(rank: int) -> None:
     assert all(torch.equal(v, after[k]) for k, v in before.items())
 
 
-def _worker(rank: int, port: int) -> None:
+def _worker(rank: int, port: int, done_dir: str) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(WORLD),
                       LOCAL_RANK=str(rank))
     torch.set_num_threads(1)
@@ -135,13 +136,24 @@ def _worker(rank: int, port: int) -> None:
         _check_ddp_equivalence(rank, "sup_ap", with_memory=True, sub_batch=3)
         _check_frozen_bn_under_ddp(rank)
         D.barrier()
+        with open(os.path.join(done_dir, f"rank{rank}"), "w") as f:
+            f.write("every check passed")
     finally:
         dist.destroy_process_group()
 
 
 @pytest.mark.slow
-def test_two_process_gloo() -> None:
-    mp.spawn(_worker, args=(_free_port(),), nprocs=WORLD, join=True)
+def test_two_process_gloo(tmp_path) -> None:
+    try:
+        mp.spawn(_worker, args=(_free_port(), str(tmp_path)), nprocs=WORLD, join=True)
+    except mp.ProcessExitedException as exc:
+        # gloo can abort a process while it tears down ("terminate called without an active exception", seen
+        # once on a loaded 2-core CI machine); that is torch's exit, not a check: a failing check raises in its
+        # worker and fails the test through ProcessRaisedException, never through here.
+        if not all((tmp_path / f"rank{r}").exists() for r in range(WORLD)):
+            raise
+        warnings.warn(f"every check passed in both processes, then one died while exiting: {exc}", stacklevel=1)
+    assert sorted(p.name for p in tmp_path.iterdir()) == [f"rank{r}" for r in range(WORLD)]
 
 
 def test_single_process_fallbacks(monkeypatch) -> None:

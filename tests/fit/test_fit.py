@@ -21,7 +21,8 @@ from rankopt.engine.assembly import build_model
 from rankopt.engine.checkpoint import load_checkpoint, save_model_checkpoint
 from rankopt.fit import FitSettings, fit
 from rankopt.fit.clock import Clock
-from rankopt.fit.post import choose_postprocessing, score_self_retrieval, served_pipeline
+from rankopt.fit.post import PostChoice, choose_postprocessing, score_self_retrieval, served_pipeline
+from rankopt.fit.run import served_text
 from rankopt.fit.trunk import TrunkCache, embed_cached, final_resolution_cut
 from rankopt.fit import tune as tune_module
 from rankopt.fit.tune import Candidate, retrain, tune
@@ -137,6 +138,25 @@ def test_the_learning_rate_grid_is_extended_beyond_a_winning_end(monkeypatch):
     assert [t.candidate.lr for t in kept.trials] == [1e-4, 1e-3] and kept.best_state is None
 
 
+def test_the_leaders_continuation_leaves_the_time_to_retrain_its_best_state_as_it_moves(monkeypatch):
+    step_s = 0.01
+    monkeypatch.setattr(tune_module, "_train_step", lambda *args: (time.sleep(step_s), 0.0)[1])
+    monkeypatch.setattr(tune_module, "GRID_EXTENSIONS", 0)
+    tail, cache, labels, _ = _linear_tail_setup()
+    train_rows, scores = np.arange(24), iter(range(10**6))  # every score a new best: the best step keeps moving
+    seconds, per_step = 3.0, 1.0
+    tune_module._optimizer(tail, Candidate("sup_ap", 1e-3)), tune_module.losses.build("sup_ap")  # imports done
+    began = time.monotonic()
+    result = tune(tail, cache, train_rows, labels[train_rows], lambda: {"map@r": float(next(scores)), "recall@1": 0.0},
+                  [Candidate("sup_ap", 1e-4), Candidate("sup_ap", 1e-3)], seconds=seconds,
+                  clock=Clock(100, say=lambda _: None), batch_size=16, m=4, reserve_per_step=per_step)
+    left = seconds - (time.monotonic() - began)
+    needed = per_step * result.best_step * result.step_seconds  # retraining the state returned
+    assert result.best_candidate == result.trials[-1].candidate and result.best_step == result.trials[-1].steps
+    assert needed > 0.5 and left >= 0.9 * needed, (left, needed)  # reserved at the end, not at the start
+    assert left <= needed + 0.5  # and the rest of the time was used
+
+
 def test_retraining_repeats_the_chosen_recipe_from_the_pretrained_state():
     tail, cache, labels, moved = _linear_tail_setup()
     start = {n: p.detach().clone() for n, p in tail.named_parameters()}
@@ -246,6 +266,12 @@ def test_a_fit_writes_a_run_folder_with_an_index_of_every_photo(fitted):
     assert any(line.split("] ")[1].startswith(s) for line in lines for s in ("check:",)) and "finished" in lines[-1]
     assert all(stage in stored["seconds"] for stage in ("check", "trunk", "tune", "post", "index", "report"))
     assert any(line.startswith("multi-scale") for line in stored["chosen"]["why"])  # tried or skipped, and why
+    # what fit.json and the page say is served is what the index applies (multi-scale re-chooses the steps)
+    for step, applied in (("dba", index.record.dba), ("qe", index.record.qe)):
+        assert (stored["chosen"]["post"][step] or {}).get("k") == (applied or {}).get("k")
+    assert index.preprocessing.get("multiscale") == stored["chosen"]["multiscale"]
+    assert stored["chosen"]["pipeline"].startswith(served) and stored["chosen"]["pipeline"] in \
+        (run / "report.html").read_text()
     # model.ckpt is the served model; a fine-tuned one not served is kept beside it, and it differs
     kept = stored["chosen"]["fine_tuned_checkpoint"]
     assert kept == ("fine_tuned.ckpt" if served == "features" and stored["chosen"]["from"] != "pretrained" else None)
@@ -331,3 +357,9 @@ def test_an_oml_csv_gives_every_row_of_every_split(tmp_path):
     assert len(dataset) == CLASSES * PER_CLASS and np.unique(dataset.labels[:, 0]).size == CLASSES
     assert split_photos(dataset, 0.2, 0).validation.sum() == 2 * PER_CLASS
     assert photos.is_dir()
+
+
+def test_the_served_pipeline_is_named_with_its_scales():
+    choice = PostChoice(None, Expansion(10, 1.0), None, {"map@r": 0.5}, [])
+    assert served_text("fitted", choice, None) == "fitted + DBA k=10 alpha=1"
+    assert served_text("features", choice, (1.0, 0.7071, 0.5)) == "features at scales 1, 0.707, 0.5 + DBA k=10 alpha=1"

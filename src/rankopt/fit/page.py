@@ -68,7 +68,12 @@ def write_report(folder: Path, record: Mapping[str, Any], photos: Photos, val_ro
             rows.append([f"{label} ({choices[key.split('_')[0]].describe()})", record[key]["map@r"], "",
                          record[key]["recall@1"], ""])
     served = record["chosen"]["model"]
-    highlight = [i for i, r in enumerate(rows) if str(r[0]).startswith(f"{served} + ")] or [0]
+    if record["chosen"].get("multiscale"):  # multi-scale kept: its own row, the steps chosen again for it
+        rows.append([f"served: {record['chosen']['pipeline']}", record["served"]["map@r"], "",
+                     record["served"]["recall@1"], ""])
+        highlight = [len(rows) - 1]
+    else:
+        highlight = [i for i, r in enumerate(rows) if str(r[0]).startswith(f"{served} + ")] or [0]
     v = record["validation"]
     results = table(["pipeline", "mAP@R", "mAP@R per class (mean ± sd)", "R@1", "Δ mAP@R vs features (± se)"], rows,
                     highlight_rows=highlight,
@@ -86,7 +91,7 @@ def write_report(folder: Path, record: Mapping[str, Any], photos: Photos, val_ro
     timing = table(["stage", "seconds"], [[k, v] for k, v in seconds.items()], digits=1)
     summary = key_values([("photos", record["photos"]), ("backbone", f"{record['backbone']} ({record['weights']})"),
                           ("training classes", f"{v['train_classes']} ({v['train_photos']} photos)"),
-                          ("served", f"{served} + {choices[served].describe()}"), ("index", "index/ (rankopt serve "
+                          ("served", record["chosen"]["pipeline"]), ("index", "index/ (rankopt serve "
                                                                                          f"{folder})")])
     html = page("rankopt fit", [section("Summary", summary), section("Before and after, on validation", results),
                                 *chosen, *pictures, section("Time per stage", timing)],

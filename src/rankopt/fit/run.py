@@ -7,14 +7,14 @@ Stages (each prints one line with its time and the work left, :mod:`rankopt.fit.
    trainable tail (:mod:`rankopt.fit.trunk`); classes held out for validation, saved in ``RUN/classes``;
 3. ``trunk``: the trunk's outputs of every photo, once (and mirrored for the training photos when the budget
    allows);
-4. ``features``: the pretrained embeddings, scored on the validation classes;
+4. ``features``: the pretrained embeddings, scored on the validation classes, and their post-processing chosen
+   there (:mod:`rankopt.fit.post`; its time plans the fitted model's);
 5. ``tune``: the tail fine-tuned by a rank loss, the learning rate chosen on validation (:mod:`rankopt.fit.tune`);
    ``refit``: the chosen recipe (loss, learning rate, steps) run again from the pretrained state on every class,
    the validation ones included (``--no-refit``: not), the fine-tuned model from then on;
-6. ``post``: whitening, DBA, αQE chosen on validation for the features and for the fitted model
-   (:mod:`rankopt.fit.post`); the fitted pipeline is served only when it beats the features' pipeline on the
-   validation classes by more than the luck of those classes (:func:`rankopt.fit.post.served_pipeline`), so never
-   worse than the features;
+6. ``post``: whitening, DBA, αQE chosen on validation for the fitted model, as for the features; the fitted
+   pipeline is served only when it beats the features' pipeline on the validation classes by more than the luck
+   of those classes (:func:`rankopt.fit.post.served_pipeline`), so never worse than the features;
 7. ``index``: every photo's embedding with the chosen model and steps in ``RUN/index`` (a normal index), the
    model in ``RUN/model.ckpt``;
 8. ``report``: ``RUN/fit.json`` and ``RUN/report.html`` (:mod:`rankopt.fit.page`).
@@ -45,8 +45,6 @@ from rankopt.fit.clock import Clock, clock_text
 from rankopt.fit.page import write_report
 from rankopt.fit.photos import Photos, read_photos, save_split, split_photos
 from rankopt.fit.post import (
-    EXPANSION_ALPHAS,
-    EXPANSION_KS,
     SHRINKAGES,
     PostChoice,
     WhiteningChoice,
@@ -70,14 +68,19 @@ SMALL_VALIDATION_CLASSES, SMALL_VALIDATION_PHOTOS = 5, 100
 """Below either, the report says that validation is too small to trust small differences."""
 PARITY_TOLERANCE = 1e-3
 """Largest difference allowed between a photo's indexed vector and its embedding by the saved model."""
-RESERVE_S = 30.0
-"""Seconds kept for saving the index, the model and the report."""
+RESERVE_S = 15.0
+"""Seconds kept for saving the index, the model and the report (1-6 s on Caltech-101's 8,242 photos)."""
+POST_MARGIN = 1.25
+"""The fitted model's post-processing choice is planned at this multiple of the features' (measured)."""
 NO_TIME_S = 1.0
 """Below this many seconds for the tuning, the fit says that the budget left no time to fine-tune."""
 TRUNK_SHARE = 0.5
 """Above this share of the budget for one pass over the photos, the fit warns that little time is left to train."""
 FINE_TUNED = "fine_tuned.ckpt"
 """The fine-tuned model when the features are served instead (``model.ckpt`` is always the served one)."""
+TUNE_SPARE, REFIT_SPARE = 0.05, 0.02
+"""Shares of the budget left unplanned after the tuning (for the retraining to run over its estimate) and after
+the retraining (for the stages after it)."""
 REFIT_MARGIN = 1.2
 """The time kept for retraining, as a multiple of the chosen steps' time (scaled to every class's photos)."""
 MIRROR_SHARE = 0.25
@@ -183,31 +186,33 @@ def fit(photos_source: str | os.PathLike[str], out: str | os.PathLike[str], sett
         began = time.monotonic()
         features = embed_cached(tail, cache, rows_all)
         tail_rate = len(rows_all) / max(time.monotonic() - began, 1e-6)
-        began = time.monotonic()
         features_val, features_by_class = _validation_scores(features[val_rows], photos, val_rows)
-        score_s = time.monotonic() - began
         began = time.monotonic()
         WhiteningChoice("supervised", SHRINKAGES[0]).fit(features[train_rows], photos.labels[train_rows], "timing")
         whitening_s = time.monotonic() - began
+        began = time.monotonic()  # the features' pipeline now: its time is what the fitted model's will take
+        choices = {"features": choose_postprocessing(features[train_rows], photos.labels[train_rows],
+                                                     features[val_rows], photos.labels[val_rows], dba=settings.dba)}
+        post_s = time.monotonic() - began
         stage["done"] = (f"pretrained features on validation: mAP@R {features_val['map@r']:.4f}, "
-                         f"R@1 {features_val['recall@1']:.4f}")
+                         f"R@1 {features_val['recall@1']:.4f}; with {choices['features'].describe()}: mAP@R "
+                         f"{choices['features'].metrics['map@r']:.4f}")
 
     def validate() -> dict[str, float]:
         return score_self_retrieval(embed_cached(tail, cache, val_rows), photos.labels[val_rows])  # type: ignore
 
-    scores = 1 + 2 * len(SHRINKAGES) + len(EXPANSION_KS) * len(EXPANSION_ALPHAS) * (2 if settings.dba else 1)
-    clock.plan("post", 2 * (2 * len(SHRINKAGES) * whitening_s + scores * score_s))  # features and fitted model
+    clock.plan("post", POST_MARGIN * post_s)  # the fitted model's choice
     clock.plan("index", len(rows_all) / tail_rate + whitening_s + RESERVE_S)
     scales_s = estimated_seconds(len(rows_all), rate)
     one_size = getattr(net.backbone, "fixed_input_size", None) is not None
-    scales_s += 2 * len(SHRINKAGES) * whitening_s + scores * score_s  # the pass, then its post-processing choice
+    scales_s += POST_MARGIN * post_s  # the pass, then its post-processing choice
     multiscale = not one_size and scales_s <= SCALES_BUDGET_SHARE * clock.budget_s
     if multiscale:
         clock.plan("scales", scales_s)
     candidates = [Candidate(loss, lr) for loss in settings.losses for lr in settings.lrs]
     with clock.stage("tune") as stage:
         seconds = max(0.0, clock.left() - sum(v for k, v in clock.planned.items() if k != "tune")
-                      - 0.05 * clock.budget_s)
+                      - TUNE_SPARE * clock.budget_s)
         clock.plan("tune", seconds)
         refit_ratio = len(rows_all) / max(1, len(train_rows)) if settings.refit else 0.0
         tuned = tune(tail, cache, train_rows, photos.labels[train_rows], validate, candidates, seconds=seconds,
@@ -228,9 +233,9 @@ def fit(photos_source: str | os.PathLike[str], out: str | os.PathLike[str], sett
         if tuned.best_state is not None:
             load_trainable(tail, tuned.best_state)
             fitted = embed_cached(tail, cache, rows_all)
-        choices = {name: choose_postprocessing(x[train_rows], photos.labels[train_rows], x[val_rows],
-                                               photos.labels[val_rows], dba=settings.dba)
-                   for name, x in (("features", features), ("fitted", fitted)) if x is not None}
+        if fitted is not None:
+            choices["fitted"] = choose_postprocessing(fitted[train_rows], photos.labels[train_rows], fitted[val_rows],
+                                                      photos.labels[val_rows], dba=settings.dba)
         by_class = {name: _validation_scores(x[val_rows], photos, val_rows, choices[name].steps(choices[name].fitted))[1]
                     for name, x in (("features", features), ("fitted", fitted)) if x is not None}
         served, served_why = ("features", "no fine-tuned state beat the features") if fitted is None else \
@@ -272,7 +277,9 @@ def fit(photos_source: str | os.PathLike[str], out: str | os.PathLike[str], sett
             record["chosen"]["why"].insert(1, refit["note"])
             record["refit"] = {k: v for k, v in refit.items() if k != "note"}
         record["chosen"]["multiscale"] = None if scales is None else list(scales)
-        record["served"] = trial.choice.metrics if scales is not None and trial.choice else choices[served].metrics
+        record["chosen"]["post"] = served_choice.to_dict()  # re-chosen on the multi-scale embeddings when kept
+        record["chosen"]["pipeline"] = served_text(served, served_choice, scales)
+        record["served"] = served_choice.metrics
         write_text_atomic(folder / "fit.json", json.dumps(record, indent=2) + "\n")
         write_report(folder, record, photos, val_rows, features[val_rows],
                      None if fitted is None else fitted[val_rows], choices)
@@ -291,7 +298,7 @@ def _refit(tail: Any, cache: TrunkCache, photos: Photos, tuned: TuneResult, sett
     assert tuned.best_candidate is not None
     steps = round(tuned.best_step * len(rows_all) / max(1, len(train_rows)))
     later = sum(v for k, v in clock.planned.items() if k not in ("tune", "refit"))
-    seconds = max(0.0, clock.left() - later - 0.05 * clock.budget_s)
+    seconds = max(0.0, clock.left() - later - REFIT_SPARE * clock.budget_s)
     began = time.monotonic()
     taken = retrain(tail, cache, rows_all, photos.labels, tuned.best_candidate, steps,
                     start_state=tuned.pretrained_state, seconds=seconds, clock=clock, batch_size=settings.batch_size,
@@ -304,6 +311,12 @@ def _refit(tail: Any, cache: TrunkCache, photos: Photos, tuned: TuneResult, sett
             "trained on), and the retrained model is the fine-tuned one served or kept")
     return ({"note": note, "steps": taken, "planned_steps": steps, "classes": classes, "photos": int(len(rows_all)),
              "seconds": time.monotonic() - began}, trainable_state(tail))
+
+
+def served_text(model: str, choice: PostChoice, scales: tuple[float, ...] | None) -> str:
+    """The served pipeline in words: the model, its scales when several, the post-processing steps."""
+    at = "" if scales is None else " at scales " + ", ".join(f"{s:.3g}" for s in scales)
+    return f"{model}{at} + {choice.describe()}"
 
 
 def _steps_text(index: Index) -> str:

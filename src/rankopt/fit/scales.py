@@ -49,7 +49,8 @@ def try_multiscale(net: RetrievalNet, dataset: RetrievalDataset, labels: np.ndar
     choice = choose_postprocessing(x[train_rows], labels[train_rows], x[val_rows], labels[val_rows], dba=dba)
     single_value, value = single.metrics["map@r"], choice.metrics["map@r"]
     if value > single_value:
-        return MultiScaleTrial(f"multi-scale kept: validation mAP@R {value:.4f} > {single_value:.4f} at one scale",
+        return MultiScaleTrial(f"multi-scale kept: validation mAP@R {value:.4f} > {single_value:.4f} at one scale, "
+                               f"with its steps chosen again on the multi-scale embeddings: {choice.describe()}",
                                choice, x)
     return MultiScaleTrial(f"multi-scale tried, not kept: validation mAP@R {value:.4f} <= {single_value:.4f} at one "
                            "scale")

@@ -154,7 +154,7 @@ def tune(tail: nn.Module, cache: TrunkCache, train_rows: np.ndarray, train_label
     """Train ``tail`` on the cached trunk outputs of ``train_rows`` for about ``seconds``; ``validate()``
     scores the tail's current state on the validation classes. ``reserve_per_step``: the best candidate's
     continuation leaves ``reserve_per_step`` × (the best state's step) × (one step's time) of ``seconds`` unused,
-    the time of retraining the winner (:func:`retrain`)."""
+    the time of retraining the winner (:func:`retrain`), recomputed at every step as the best state moves."""
     device = next(tail.parameters()).device
     start_state = trainable_state(tail)
     pretrained = validate()
@@ -166,9 +166,10 @@ def tune(tail: nn.Module, cache: TrunkCache, train_rows: np.ndarray, train_label
     total_steps = MAX_EPOCHS * max(1, len(batches))
     began = time.monotonic()
 
-    def run(trial: Trial, share: float) -> None:
-        """Train ``trial`` for ``share`` seconds, scored every :data:`CHECK_EVERY_S` at most; it stops early after
-        :data:`PATIENCE` scores without a new best of its own, or after :data:`MAX_EPOCHS` passes of its own."""
+    def run(trial: Trial, share: float, keep: Callable[[], float] = lambda: 0.0) -> None:
+        """Train ``trial`` for ``share`` seconds less ``keep()`` (asked at every step), scored every
+        :data:`CHECK_EVERY_S` at most; it stops early after :data:`PATIENCE` scores without a new best of its own,
+        or after :data:`MAX_EPOCHS` passes of its own."""
         load_trainable(tail, trial.state)
         loss_fn = losses.build(trial.candidate.loss).to(device)
         optimizer = _optimizer(tail, trial.candidate)
@@ -178,7 +179,7 @@ def tune(tail: nn.Module, cache: TrunkCache, train_rows: np.ndarray, train_label
         check_every = min(share / EVALUATIONS_PER_SHARE, CHECK_EVERY_S)
         next_check, stale = time.monotonic() + check_every, 0
         tail.train()
-        while time.monotonic() < until and trial.steps < total_steps and stale < PATIENCE:
+        while time.monotonic() < until - keep() and trial.steps < total_steps and stale < PATIENCE:
             began = time.monotonic()
             value = _train_step(tail, loss_fn, optimizer, cache, train_rows, train_labels, batches.next(), rng,
                                 trial.candidate.lr, trial.steps, total_steps)
@@ -186,7 +187,7 @@ def tune(tail: nn.Module, cache: TrunkCache, train_rows: np.ndarray, train_label
             step_times.append(time.monotonic() - began)
             clock.heartbeat(lambda: f"  tuning {trial.candidate.describe()}: step {trial.steps}, "
                                     f"loss {value:.4f}, {1 / np.median(step_times[-20:]):.1f} steps/s")
-            if time.monotonic() >= next_check or time.monotonic() >= until or trial.steps == total_steps:
+            if time.monotonic() >= next_check or time.monotonic() >= until - keep() or trial.steps == total_steps:
                 before = trial.best()
                 _score(trial)
                 stale = 0 if trial.best() > before else stale + 1
@@ -219,8 +220,11 @@ def tune(tail: nn.Module, cache: TrunkCache, train_rows: np.ndarray, train_label
             run(trials[-1], each)
             clock.line(f"  {trials[-1].summary()} (one step beyond the grid's end {leader.candidate.lr:g})")
             leader = max(trials, key=Trial.best)
-        reserve = reserve_per_step * best["step"] * (float(np.median(step_times)) if step_times else 0.0)
-        run(leader, left() - reserve)
+        def reserve() -> float:  # retraining the best state, which may become the leader's current one
+            steps = max(best["step"], leader.steps)
+            return reserve_per_step * steps * (float(np.median(step_times[-50:])) if step_times else 0.0)
+
+        run(leader, left(), keep=reserve)
         clock.line(f"  continued {leader.summary()}")
     load_trainable(tail, start_state)
     return TuneResult(best["state"], best["metrics"], best["from"], trials, pretrained, start_state,

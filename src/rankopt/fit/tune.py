@@ -220,8 +220,12 @@ def tune(tail: nn.Module, cache: TrunkCache, train_rows: np.ndarray, train_label
             run(trials[-1], each)
             clock.line(f"  {trials[-1].summary()} (one step beyond the grid's end {leader.candidate.lr:g})")
             leader = max(trials, key=Trial.best)
-        def reserve() -> float:  # retraining the best state, which may become the leader's current one
-            steps = max(best["step"], leader.steps)
+        def reserve() -> float:
+            """Retraining the best state; while the leader's last score is the best one, its current state (the
+            next score may move the best there)."""
+            improving = best["trial"] == leader.candidate and bool(leader.history) and \
+                best["step"] == leader.history[-1][0]
+            steps = leader.steps if improving else best["step"]
             return reserve_per_step * steps * (float(np.median(step_times[-50:])) if step_times else 0.0)
 
         run(leader, left(), keep=reserve)

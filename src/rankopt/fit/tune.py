@@ -220,6 +220,7 @@ def tune(tail: nn.Module, cache: TrunkCache, train_rows: np.ndarray, train_label
             run(trials[-1], each)
             clock.line(f"  {trials[-1].summary()} (one step beyond the grid's end {leader.candidate.lr:g})")
             leader = max(trials, key=Trial.best)
+
         def reserve() -> float:
             """Retraining the best state; while the leader's last score is the best one, its current state (the
             next score may move the best there)."""

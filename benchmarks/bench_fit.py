@@ -9,9 +9,10 @@ Rows (each a real ``rankopt fit`` process, its wall time and peak resident memor
   and ``Faces_easy``, a tighter crop of ``Faces``, left out), defaults (10 minutes); the index must hold every photo.
 * ``held-out``: the fit sees only the 50 training categories of the ``caltech101`` dataset; its pipeline is then
   scored on the 50 test categories (3,063 photos, each a query, itself excluded: as ``rankopt benchmark
-  caltech101`` scores), beside two rows that need no training, measured the same way at the same 224 px: the
+  caltech101`` scores), beside rows that need no training, measured the same way at the same 224 px: the
   pretrained features, and the features with the post-processing ``fit`` chose for them on its validation
-  classes (whitening refitted on the 50 training categories).
+  classes (whitening refitted on the 50 training categories), each with the model's own centre crop and with the
+  framing ``fit`` chose on validation (``chosen.framing``; the same rows when it kept the centre crop).
 * ``yaleb``: Extended Yale B faces, ``--backbone mobilefacenet`` (its release file placed in the cache first with
   ``rankopt weights fetch mobilefacenet --file``): the fit sees the ``yaleb`` training people only (subjects 1-20);
   the released weights and the fit's model are then scored on the 19 test people (1,216 faces, each a query) with
@@ -110,19 +111,27 @@ def _held_out_scores(run: Path, root: Path, features_ckpt: Path) -> dict[str, di
     record = json.loads((run / "fit.json").read_text())
     rows: dict[str, dict[str, Any]] = {}
 
-    def embed(checkpoint: Path, split: str) -> tuple[torch.Tensor, np.ndarray]:
+    def embed(checkpoint: Path, split: str, preset: str | None = None) -> tuple[torch.Tensor, np.ndarray]:
         model, cfg = model_from_checkpoint(checkpoint)
         dataset = build_dataset("caltech101", root, split,
-                                transform=build_transform(cfg.data.test_transform, cfg.data.image_size))
+                                transform=build_transform(preset or cfg.data.test_transform, cfg.data.image_size))
         x = embed_dataset(model, dataset, batch_size=32, show_progress=False).embeddings
         return x, np.asarray(dataset.labels)[:, 0]
 
-    test_x, test_y = embed(features_ckpt, "test")
-    rows["pretrained features"] = score_self_retrieval(test_x, test_y)
     chosen = record["chosen"]["post_by_model"]["features"]
+    framed = record["chosen"]["framing"]["preset"]
+    test_x, test_y = embed(features_ckpt, "test")
     train_x, train_y = embed(features_ckpt, "train")
+    rows["pretrained features"] = score_self_retrieval(test_x, test_y)
     rows["features + post-processing (chosen by fit)"] = score_self_retrieval(test_x, test_y,
                                                                               refitted(chosen, train_x, train_y))
+    _, own = model_from_checkpoint(features_ckpt)
+    if framed != own.data.test_transform:
+        test_x, _ = embed(features_ckpt, "test", framed)
+        train_x, _ = embed(features_ckpt, "train", framed)
+    rows["pretrained features, framed as fit chose"] = score_self_retrieval(test_x, test_y)
+    rows["the same + post-processing (chosen by fit)"] = score_self_retrieval(test_x, test_y,
+                                                                             refitted(chosen, train_x, train_y))
     fitted_x, _ = embed(fine_tuned(run), "test")
     rows["fit's fine-tuned model alone"] = score_self_retrieval(fitted_x, test_y)
     rows["fit's served pipeline"] = served_scores(run, "caltech101", root)

@@ -21,6 +21,7 @@ flip ``omniglot_test``   area-resize to 32 x 32
 ``mobilefacenet_test``  resize to 112 x 96; same input convention
 ``tf_lite_train``   as ``train`` with the TF-Lite models' input convention (255 x - 127) / 128 (EfficientNet-Lite)
 ``tf_lite_test``    as ``test``; same input convention
+``tf_lite_whole_test`` as ``landmark_test`` (the whole photo at 224 x 224); the TF-Lite input convention
 ==================  ==========================================================================
 
 Face presets follow Smooth-AP §5.3: SENet-50 on the (extended) VGGFace2 crops resized to 224 x 224,
@@ -85,6 +86,7 @@ PRESETS: dict[str, Preset] = {
                                        std=(128 / 255,) * 3) for mode in ("train", "test")},
     "tf_lite_train": Preset(256, 224, True, mean=(127 / 255,) * 3, std=(128 / 255,) * 3),
     "tf_lite_test": Preset(256, 224, False, mean=(127 / 255,) * 3, std=(128 / 255,) * 3),
+    "tf_lite_whole_test": Preset(224, 224, False, square=True, mean=(127 / 255,) * 3, std=(128 / 255,) * 3),
 }
 
 class ImageTransform:

@@ -145,17 +145,25 @@ def choose_postprocessing(train_x: torch.Tensor, train_labels: np.ndarray, val_x
     return PostChoice(best_w, best_dba, best_qe, metrics, tried, best_white)  # type: ignore[arg-type]
 
 
-def served_pipeline(features_by_class: dict[str, dict[str, float]],
-                    fitted_by_class: dict[str, dict[str, float]]) -> tuple[str, str]:
-    """``("fitted" | "features", why)``: the fitted model's pipeline is served when its mean gain over the features'
-    pipeline per validation class, ``ḡ = mean_c(mAP@R_fitted(c) − mAP@R_features(c))``, each with its chosen
-    post-processing, exceeds :data:`MIN_GAIN_SE` standard errors of those gains; a smaller gain is not told from
-    luck on these classes, and the untrained pipeline is served."""
-    gains = np.array([fitted_by_class[c][SELECT_ON] - features_by_class[c][SELECT_ON] for c in features_by_class])
+def per_class_gain(base_by_class: dict[str, dict[str, float]], other_by_class: dict[str, dict[str, float]]
+                   ) -> tuple[float, float, bool]:
+    """``(ḡ, se, clear)``: the mean gain ``ḡ = mean_c(mAP@R_other(c) − mAP@R_base(c))`` over the validation
+    classes, its standard error, and whether it is positive and over :data:`MIN_GAIN_SE` standard errors (a smaller
+    gain is not told from the luck of these classes)."""
+    gains = np.array([other_by_class[c][SELECT_ON] - base_by_class[c][SELECT_ON] for c in base_by_class])
     mean = float(gains.mean())
     se = float(gains.std(ddof=1) / np.sqrt(gains.size)) if gains.size > 1 else float("inf")
+    return mean, se, mean > 0 and mean > MIN_GAIN_SE * se
+
+
+def served_pipeline(features_by_class: dict[str, dict[str, float]],
+                    fitted_by_class: dict[str, dict[str, float]]) -> tuple[str, str]:
+    """``("fitted" | "features", why)``: the fitted model's pipeline, each with its chosen post-processing, is
+    served when its gain per validation class over the features' pipeline is clear (:func:`per_class_gain`), else
+    the untrained pipeline is."""
+    mean, se, clear = per_class_gain(features_by_class, fitted_by_class)
     said = (f"fine-tuning adds {mean:+.4f} mAP@R per validation class on top of post-processing (standard error "
-            f"{se:.4f}, {gains.size} classes)")
-    if mean > 0 and mean > MIN_GAIN_SE * se:
+            f"{se:.4f}, {len(features_by_class)} classes)")
+    if clear:
         return "fitted", f"{said}: the fitted pipeline is served"
     return "features", f"{said}, not more than {MIN_GAIN_SE:g} standard error: the untrained pipeline is served"

@@ -5,6 +5,7 @@ Stages (each prints one line with its time and the work left, :mod:`rankopt.fit.
 1. ``check``: every photo opened (bad files refused, each named) before a model is loaded;
 2. ``model``: the pretrained backbone (by name from rankopt's cache, or a file), cut into a fixed trunk and a
    trainable tail (:mod:`rankopt.fit.trunk`); classes held out for validation, saved in ``RUN/classes``;
+   ``framing``: the model's centre crop or the whole photo, chosen on validation (:mod:`rankopt.fit.framing`);
 3. ``trunk``: the trunk's outputs of every photo, once (and mirrored for the training photos when the budget
    allows);
 4. ``features``: the pretrained embeddings, scored on the validation classes, and their post-processing chosen
@@ -42,6 +43,7 @@ from rankopt.engine.checkpoint import save_model_checkpoint
 from rankopt.engine.embed_and_score import EmbeddedSplit
 from rankopt.files import write_text_atomic
 from rankopt.fit.clock import Clock, clock_text
+from rankopt.fit.framing import choose_framing
 from rankopt.fit.page import write_report
 from rankopt.fit.photos import Photos, read_photos, save_split, split_photos
 from rankopt.fit.post import (
@@ -85,6 +87,9 @@ REFIT_MARGIN = 1.2
 """The time kept for retraining, as a multiple of the chosen steps' time (scaled to every class's photos)."""
 MIRROR_SHARE = 0.25
 """The mirrored training copies are computed when they take at most this share of the budget left."""
+FRAMING_COST = 2.5
+"""The framing choice's time, as a multiple of the validation photos' pass through the trunk (two framings through
+the whole network)."""
 
 
 @dataclass(frozen=True)
@@ -160,7 +165,15 @@ def fit(photos_source: str | os.PathLike[str], out: str | os.PathLike[str], sett
         began = time.monotonic()  # one batch, decoding included: the time every photo will take
         trunk(torch.stack([dataset[i]["image"] for i in range(min(sizing.trunk_batch, len(dataset)))]).to(device))
         expected = len(dataset) * (time.monotonic() - began) / min(sizing.trunk_batch, len(dataset))
+    clock.plan("framing", FRAMING_COST * expected * len(val_rows) / len(dataset))
     clock.plan("trunk", expected)
+    with clock.stage("framing") as stage:
+        framing = choose_framing(net, photos.part(photos.validation, "validation"), photos.labels[val_rows],
+                                 photos.class_names, cfg.data.test_transform, cfg.data.image_size, device=device,
+                                 batch_size=sizing.trunk_batch, workers=sizing.workers)
+        cfg = dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, test_transform=framing.preset))
+        dataset.transform = build_transform(framing.preset, cfg.data.image_size)
+        stage["done"] = framing.note
     if expected > TRUNK_SHARE * clock.left():
         clock.line(f"warning: passing the {len(dataset):,} photos through the network once takes about "
                    f"{clock_text(expected)} here, most of the {clock_text(clock.budget_s)} budget: the fine-tuning "
@@ -272,11 +285,13 @@ def fit(photos_source: str | os.PathLike[str], out: str | os.PathLike[str], sett
     with clock.stage("report") as stage:
         record = _record(settings, sizing, str(photos_source), photos, features_val, features_by_class, fitted,
                          choices, (served, served_why), tuned, clock, device, cfg.model.backbone, val_rows, checkpoint)
+        record["chosen"]["why"].insert(0, framing.note)
         record["chosen"]["why"].append(trial.note)
+        record["chosen"]["framing"] = {"preset": framing.preset, "validation_map@r": framing.scores}
         if refit is not None:
             record["chosen"]["why"].insert(1, refit["note"])
             record["refit"] = {k: v for k, v in refit.items() if k != "note"}
-        record["chosen"]["multiscale"] = None if scales is None else list(scales)
+        record["chosen"]["multiscale"] = index.preprocessing.get("multiscale")  # as the index records them
         record["chosen"]["post"] = served_choice.to_dict()  # re-chosen on the multi-scale embeddings when kept
         record["chosen"]["pipeline"] = served_text(served, served_choice, scales)
         record["served"] = served_choice.metrics

@@ -270,6 +270,10 @@ def test_a_fit_writes_a_run_folder_with_an_index_of_every_photo(fitted):
     for step, applied in (("dba", index.record.dba), ("qe", index.record.qe)):
         assert (stored["chosen"]["post"][step] or {}).get("k") == (applied or {}).get("k")
     assert index.preprocessing.get("multiscale") == stored["chosen"]["multiscale"]
+    framing = stored["chosen"]["framing"]  # chosen on validation; the saved model (and so queries) frame photos so
+    assert load_checkpoint(run / "model.ckpt")["config"]["data"]["test_transform"] == framing["preset"]
+    assert set(framing["validation_map@r"]) == {"test", "landmark_test"}
+    assert stored["chosen"]["why"][0].startswith("framing: the whole photo resized")
     assert stored["chosen"]["pipeline"].startswith(served) and stored["chosen"]["pipeline"] in \
         (run / "report.html").read_text()
     # model.ckpt is the served model; a fine-tuned one not served is kept beside it, and it differs

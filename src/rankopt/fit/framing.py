@@ -43,7 +43,7 @@ def choose_framing(net: nn.Module, validation: RetrievalDataset, labels: np.ndar
     the model's ``own`` test preset, or its :data:`WHOLE_PHOTO` counterpart when that is clearly better."""
     whole = WHOLE_PHOTO.get(own)
     if whole is None:
-        return FramingChoice(own, note=f"framing: the model's own ({own}); no other framing for this input convention")
+        return FramingChoice(own, note=f"the model's own ({own}); no other framing for this input convention")
     scores, by_class = {}, {}
     names = [class_names[c] for c in labels]
     for preset in (own, whole):
@@ -53,7 +53,7 @@ def choose_framing(net: nn.Module, validation: RetrievalDataset, labels: np.ndar
         metrics, by_class[preset] = score_self_retrieval(x, labels, categories=names)  # type: ignore[misc]
         scores[preset] = metrics[SELECT_ON]
     mean, se, clear = per_class_gain(by_class[own], by_class[whole])
-    said = (f"framing: the whole photo resized ({whole}) against the centre crop ({own}): {mean:+.4f} mAP@R per "
+    said = (f"the whole photo resized ({whole}) against the centre crop ({own}): {mean:+.4f} mAP@R per "
             f"validation class (standard error {se:.4f})")
     if clear:
         return FramingChoice(whole, scores, f"{said}: the whole photo is used")

@@ -54,13 +54,14 @@ def test_the_whole_photo_is_chosen_when_the_centre_crop_cuts_the_class_away(tmp_
     choice = _choose(root)
     assert choice.preset == "landmark_test", choice.note
     assert choice.scores["landmark_test"] > choice.scores["test"] + 0.2
-    assert "the whole photo is used" in choice.note
+    assert "the whole photo is used" in choice.note and choice.words() == "whole photo"
 
 
 def test_the_model_s_own_framing_stays_without_a_clear_gain(tmp_path):
     choice = _choose(_photos(tmp_path / "photos", "centre"))
     assert choice.preset == "test", choice.note
     assert set(choice.scores) == {"test", "landmark_test"} and "kept" in choice.note
+    assert choice.words() == "centre crop"
 
 
 def test_a_convention_without_another_framing_is_kept_untouched(tmp_path):
@@ -68,7 +69,7 @@ def test_a_convention_without_another_framing_is_kept_untouched(tmp_path):
     dataset = read_photos(root, None)
     choice = choose_framing(torch.nn.Identity(), dataset, np.asarray(dataset.labels)[:, 0], [], "mobilefacenet_test",
                             None, device=torch.device("cpu"), batch_size=16)
-    assert choice.preset == "mobilefacenet_test" and choice.scores == {}
+    assert choice.preset == "mobilefacenet_test" and choice.scores == {} and choice.words() == ""
 
 
 @pytest.mark.parametrize("own", sorted(WHOLE_PHOTO))

@@ -35,6 +35,12 @@ class FramingChoice:
     scores: dict[str, float] = field(default_factory=dict)
     note: str = ""
 
+    def words(self) -> str:
+        """The framing in two words where there was a choice (``""`` where the model has only its own)."""
+        if not self.scores:
+            return ""
+        return "whole photo" if self.preset in WHOLE_PHOTO.values() else "centre crop"
+
 
 def choose_framing(net: nn.Module, validation: RetrievalDataset, labels: np.ndarray, class_names: list[str],
                    own: str, image_size: object, *, device: torch.device, batch_size: int,

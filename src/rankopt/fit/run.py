@@ -293,7 +293,7 @@ def fit(photos_source: str | os.PathLike[str], out: str | os.PathLike[str], sett
             record["refit"] = {k: v for k, v in refit.items() if k != "note"}
         record["chosen"]["multiscale"] = index.preprocessing.get("multiscale")  # as the index records them
         record["chosen"]["post"] = served_choice.to_dict()  # re-chosen on the multi-scale embeddings when kept
-        record["chosen"]["pipeline"] = served_text(served, served_choice, scales)
+        record["chosen"]["pipeline"] = served_text(served, served_choice, scales, framing.words())
         record["served"] = served_choice.metrics
         write_text_atomic(folder / "fit.json", json.dumps(record, indent=2) + "\n")
         write_report(folder, record, photos, val_rows, features[val_rows],
@@ -328,10 +328,12 @@ def _refit(tail: Any, cache: TrunkCache, photos: Photos, tuned: TuneResult, sett
              "seconds": time.monotonic() - began}, trainable_state(tail))
 
 
-def served_text(model: str, choice: PostChoice, scales: tuple[float, ...] | None) -> str:
-    """The served pipeline in words: the model, its scales when several, the post-processing steps."""
+def served_text(model: str, choice: PostChoice, scales: tuple[float, ...] | None, framing: str = "") -> str:
+    """The served pipeline in words: the model, the photos' framing where it was chosen, its scales when several,
+    the post-processing steps."""
+    framed = f" ({framing})" if framing else ""
     at = "" if scales is None else " at scales " + ", ".join(f"{s:.3g}" for s in scales)
-    return f"{model}{at} + {choice.describe()}"
+    return f"{model}{framed}{at} + {choice.describe()}"
 
 
 def _steps_text(index: Index) -> str:

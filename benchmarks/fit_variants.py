@@ -19,7 +19,13 @@ scores the chosen state on the 15 stand-in test classes (mAP@R, self-retrieval),
 * ``soup``: the candidates' best states averaged greedily from the best, each kept when validation rises
   (model soups, Wortsman et al. 2022);
 * ``refit``: the chosen recipe run again on the 35 classes, validation ones included
-  (``rankopt.fit.tune.retrain``, steps scaled by the photos added): ``fit``'s ``refit`` stage.
+  (``rankopt.fit.tune.retrain``, steps scaled by the photos added): ``fit``'s ``refit`` stage;
+* ``post``: what the chosen state adds on top of post-processing: the features and the chosen state, each with the
+  whitening, DBA and αQE that ``fit`` chooses for it on validation (``rankopt.fit.post.choose_postprocessing``),
+  with DBA and αQE's ``k`` from ``fit``'s grid (1-10) and from a wider one (1-40), whose largest ``k`` ``fit``'s
+  grid never reaches on Caltech-101. Its summary gives the paired differences of these four pipelines, and what
+  ``fit``'s serving rule would serve from the first two (the chosen state's pipeline when its mean gain per
+  validation class is positive and over 0 or 1 standard error), against the features' pipeline.
 
 Prints one JSON line per seed and a summary line: the mean ± sd over seeds of each variant's gain over the features.
 """
@@ -38,7 +44,7 @@ from rankopt.data.transforms import build_transform
 from rankopt.engine.assembly import model_from_checkpoint, seed_everything
 from rankopt.fit.clock import Clock
 from rankopt.fit.photos import read_photos
-from rankopt.fit.post import score_self_retrieval
+from rankopt.fit.post import EXPANSION_KS, choose_postprocessing, per_class_gain, score_self_retrieval
 from rankopt.fit.run import FitSettings
 from rankopt.fit.trunk import (
     TrunkCache,
@@ -58,6 +64,10 @@ from rankopt.fit.weights import resolve_checkpoint
 from rankopt.models.stages import cut
 
 WISE_ALPHAS = (0.25, 0.5, 0.75, 1.25, 1.5)
+WIDE_KS = (*EXPANSION_KS, 20, 40)
+SERVE_THRESHOLDS = (0.0, 1.0)
+POST_DIFFERENCES = (("chosen+pp", "features+pp"), ("chosen+pp wide", "features+pp wide"),
+                    ("features+pp wide", "features+pp"), ("chosen+pp wide", "chosen+pp"))
 
 
 def network() -> tuple[torch.nn.Module, object, torch.nn.Module, torch.nn.Module]:
@@ -110,10 +120,40 @@ def greedy_soup(tail, trials, states: dict[int, dict], validate) -> None:
     load_trainable(tail, soup)
 
 
+def post_pipelines(tail, cache: TrunkCache, pretrained: dict, chosen: dict, labels: np.ndarray,
+                   rows: dict[str, np.ndarray]) -> dict[str, float | str]:
+    """The ``post`` variant: mAP@R on the stand-in test classes of the features and the chosen state, each with the
+    post-processing chosen for it on validation (``k`` up to 10, and with ``wide`` up to 40), their choices, the
+    :data:`POST_DIFFERENCES`, and what ``fit``'s serving rule (:func:`rankopt.fit.post.per_class_gain`, on the
+    validation classes) would serve at a threshold of :data:`SERVE_THRESHOLDS` standard errors, with its score."""
+    out: dict[str, float | str] = {}
+    by_class: dict[str, dict] = {}
+    for model, state in (("features", pretrained), ("chosen", chosen)):
+        load_trainable(tail, state)
+        x = {split: embed_cached(tail, cache, index) for split, index in rows.items()}
+        for suffix, ks in (("", EXPANSION_KS), (" wide", WIDE_KS)):
+            choice = choose_postprocessing(x["train"], labels[rows["train"]], x["val"], labels[rows["val"]], ks=ks)
+            steps = choice.steps(choice.fitted)
+            out[f"{model}+pp{suffix}"] = score_self_retrieval(x["test"], labels[rows["test"]], steps)[SELECT_ON]
+            out[f"{model}+pp{suffix} steps"] = choice.describe()
+            if not suffix:
+                val_labels = labels[rows["val"]]
+                by_class[model] = score_self_retrieval(x["val"], val_labels, steps,
+                                                       categories=[str(c) for c in val_labels])[1]
+    for a, b in POST_DIFFERENCES:
+        out[f"{a} - {b}"] = out[a] - out[b]  # type: ignore[operator]
+    mean, se, _ = per_class_gain(by_class["features"], by_class["chosen"])
+    out["validation gain"], out["validation se"] = mean, se
+    for threshold in SERVE_THRESHOLDS:
+        served = "chosen" if mean > 0 and mean > threshold * se else "features"
+        out[f"served at {threshold:g} se"] = out[f"{served}+pp"]
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--photos", type=Path, required=True)
-    parser.add_argument("--variant", choices=("base", "wise", "crop", "soup", "refit"), default="base")
+    parser.add_argument("--variant", choices=("base", "wise", "crop", "soup", "refit", "post"), default="base")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--seconds", type=float, default=240.0, help="tuning time per seed")
     parser.add_argument("--crop", type=int, default=10, help="smallest crop side (crop variant)")
@@ -123,7 +163,7 @@ def main() -> None:
     labels = cached["labels"]
     classes = np.unique(labels)
     settings = FitSettings()
-    gains: dict[str, list[float]] = {"chosen": [], args.variant: []}
+    gains: dict[str, list[float]] = {"chosen": []} if args.variant == "post" else {"chosen": [], args.variant: []}
     for seed in args.seeds:
         seed_everything(seed)
         test_classes = held_out_classes(classes, 0.3, seed=100 + seed)
@@ -173,9 +213,16 @@ def main() -> None:
                     seconds=1e9, clock=Clock(1e9, say=lambda _: None), batch_size=settings.batch_size,
                     m=settings.m, seed=seed)
             row["refit_steps"] = steps
-        row[args.variant] = score(test_rows)
-        for name in gains:
-            gains[name].append(row[name] - features)
+        if args.variant == "post":
+            row.update(post_pipelines(tail, cache, result.pretrained_state, best, labels,
+                                      {"train": train_rows, "val": val_rows, "test": test_rows}))
+            for name in [f"{a} - {b}" for a, b in POST_DIFFERENCES] + [f"served at {t:g} se" for t in SERVE_THRESHOLDS]:
+                gains.setdefault(name, []).append(row[name] - (row["features+pp"] if name.startswith("served") else 0))
+        else:
+            row[args.variant] = score(test_rows)
+        for name in ("chosen", args.variant):
+            if name in row:
+                gains[name].append(row[name] - features)  # post: its differences are already in gains
         print(json.dumps(row), flush=True)
     print("gain over the features, mean ± sd over seeds: " + "; ".join(
         f"{name} {np.mean(g):+.4f} ± {np.std(g, ddof=1) if len(g) > 1 else 0.0:.4f}" for name, g in gains.items()))

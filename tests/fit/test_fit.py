@@ -197,6 +197,9 @@ def test_post_processing_is_kept_only_when_it_helps_on_validation():
     assert choice.describe() == "none" or kept == [pytest.approx(choice.metrics["map@r"])]
     without = choose_postprocessing(x[train], labels[train], x[val], labels[val], dba=False)
     assert without.dba is None and not any(what.startswith("DBA") for what, _ in without.tried)
+    only = choose_postprocessing(x[train], labels[train], x[val], labels[val], ks=(2, 4))
+    expansions = [what for what, _ in only.tried if what.startswith(("DBA", "αQE"))]
+    assert len(expansions) == 2 * 2 * 3 and all(" k=2 " in w or " k=4 " in w for w in expansions)
 
 
 def test_the_fitted_pipeline_is_served_only_when_it_beats_the_luck_of_the_validation_classes():

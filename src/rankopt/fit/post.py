@@ -110,9 +110,10 @@ def score_self_retrieval(x: torch.Tensor, labels: np.ndarray, post: PostProcessi
 
 
 def choose_postprocessing(train_x: torch.Tensor, train_labels: np.ndarray, val_x: torch.Tensor,
-                          val_labels: np.ndarray, *, dba: bool = True) -> PostChoice:
+                          val_labels: np.ndarray, *, dba: bool = True,
+                          ks: Sequence[int] = EXPANSION_KS) -> PostChoice:
     """The greedy choice on validation (module docstring); ``train_*`` fit the whitenings; ``dba=False``: DBA is
-    not tried."""
+    not tried; ``ks``: the neighbour counts tried for DBA and αQE."""
     tried: list[tuple[str, float]] = []
 
     def score(post: PostProcessing, what: str) -> float:
@@ -132,12 +133,12 @@ def choose_postprocessing(train_x: torch.Tensor, train_labels: np.ndarray, val_x
         if value > best:
             best_w, best_white, best = choice, fitted, value
     best_dba = None
-    for k, alpha in itertools.product(EXPANSION_KS if dba else (), EXPANSION_ALPHAS):
+    for k, alpha in itertools.product(ks if dba else (), EXPANSION_ALPHAS):
         value = score(PostProcessing(None, best_white, Expansion(k, alpha)), f"DBA k={k} alpha={alpha:g}")
         if value > best:
             best_dba, best = Expansion(k, alpha), value
     best_qe = None
-    for k, alpha in itertools.product(EXPANSION_KS, EXPANSION_ALPHAS):
+    for k, alpha in itertools.product(ks, EXPANSION_ALPHAS):
         value = score(PostProcessing(None, best_white, best_dba, Expansion(k, alpha)), f"αQE k={k} alpha={alpha:g}")
         if value > best:
             best_qe, best = Expansion(k, alpha), value

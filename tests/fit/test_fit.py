@@ -17,12 +17,15 @@ from PIL import Image
 
 from rankopt.config import config_to_dict, load_config
 from rankopt.data import DatasetProblems
-from rankopt.engine.assembly import build_model
+from rankopt.data.transforms import build_transform
+from rankopt.engine.assembly import build_model, model_from_checkpoint
 from rankopt.engine.checkpoint import load_checkpoint, save_model_checkpoint
 from rankopt.fit import FitSettings, fit
 from rankopt.fit.clock import Clock
 from rankopt.fit.post import PostChoice, choose_postprocessing, score_self_retrieval, served_pipeline
+from rankopt.fit.photos import read_photos
 from rankopt.fit.run import served_text
+from rankopt.fit.scales import embed_multiscale, try_multiscale
 from rankopt.fit.trunk import TrunkCache, embed_cached, final_resolution_cut
 from rankopt.fit import tune as tune_module
 from rankopt.fit.tune import Candidate, retrain, tune
@@ -372,3 +375,35 @@ def test_the_served_pipeline_is_named_with_its_scales():
     assert served_text("fitted", choice, None) == "fitted + DBA k=10 alpha=1"
     assert served_text("features", choice, (1.0, 0.7071, 0.5)) == "features at scales 1, 0.707, 0.5 + DBA k=10 alpha=1"
     assert served_text("fitted", choice, (1.0, 0.5), "whole photo") == "fitted (whole photo) at scales 1, 0.5 + DBA k=10 alpha=1"
+
+
+def test_multiscale_is_compared_with_the_model_validation_may_score_and_indexed_with_the_served_one(tmp_path, pretrained):
+    net, cfg = model_from_checkpoint(pretrained, torch.device("cpu"))
+    dataset = read_photos(photo_folder(tmp_path / "photos"), None)
+    dataset.transform = build_transform(cfg.data.test_transform, cfg.data.image_size)
+    labels = np.asarray(dataset.labels)[:, 0]
+    train, val = np.flatnonzero(labels < 4), np.flatnonzero(labels >= 4)
+    kw = {"device": torch.device("cpu"), "batch_size": 16, "workers": 0}
+    before = embed_multiscale(net, dataset, **kw)
+    calls: list[int] = []
+
+    def retrained() -> None:  # stands for loading the state retrained on every class
+        calls.append(1)
+        with torch.no_grad():
+            for param in list(net.parameters())[-4:]:
+                param.add_(torch.randn(param.shape, generator=torch.Generator().manual_seed(len(calls))))
+
+    beaten, unbeatable = (PostChoice(None, None, None, {"map@r": v}, []) for v in (-1.0, 2.0))
+    trial = try_multiscale(net, dataset, labels, train, val, beaten, dba=True, retrained=retrained, **kw)
+    assert calls == [1] and "embedded again with the retrained one" in trial.note
+    on_before = choose_postprocessing(before[train], labels[train], before[val], labels[val])
+    assert trial.choice is not None and trial.choice.metrics == pytest.approx(on_before.metrics)  # chosen before it
+    assert trial.embeddings is not None and not torch.allclose(trial.embeddings, before, atol=1e-3)
+    assert torch.allclose(trial.embeddings, embed_multiscale(net, dataset, **kw), atol=1e-5)  # indexed with it
+    late = try_multiscale(net, dataset, labels, train, val, beaten, dba=True, retrained=retrained,
+                          time_left=lambda: 1.0, pass_s=2.0, **kw)
+    assert late.choice is None and late.embeddings is None and "not served: no time left" in late.note
+    kept = try_multiscale(net, dataset, labels, train, val, unbeatable, dba=True, retrained=retrained, **kw)
+    assert kept.choice is None and "not kept" in kept.note and calls == [1]
+    plain = try_multiscale(net, dataset, labels, train, val, beaten, dba=True, **kw)  # no retrained model served
+    assert plain.embeddings is not None and torch.allclose(plain.embeddings, embed_multiscale(net, dataset, **kw))

@@ -268,8 +268,17 @@ def fit(photos_source: str | os.PathLike[str], out: str | os.PathLike[str], sett
     late = multiscale and clock.left() < scales_s + clock.planned.get("index", 0.0)
     if multiscale and not late:
         with clock.stage("scales") as stage:
+            # validation may score only a model that did not train on it: the tuned state, not the retrained one
+            retrained = served == "fitted" and refit_state is not None and tuned.best_state is not None
+            if retrained:
+                load_trainable(tail, tuned.best_state)
             trial = try_multiscale(net, dataset, photos.labels, train_rows, val_rows, served_choice, device=device,
-                                   batch_size=sizing.trunk_batch, workers=sizing.workers, dba=settings.dba)
+                                   batch_size=sizing.trunk_batch, workers=sizing.workers, dba=settings.dba,
+                                   retrained=(lambda: load_trainable(tail, refit_state)) if retrained else None,
+                                   time_left=lambda: clock.left() - clock.planned.get("index", 0.0),
+                                   pass_s=estimated_seconds(len(rows_all), rate))
+            if retrained:
+                load_trainable(tail, refit_state)
             if trial.choice is not None and trial.embeddings is not None:
                 served_choice, embeddings, scales = trial.choice, trial.embeddings, DEFAULT_SCALES
             stage["done"] = trial.note

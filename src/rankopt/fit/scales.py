@@ -4,10 +4,15 @@ on validation when the budget allows one more pass of every photo through the wh
 Multi-scale changes every embedding, so it is chosen with its own post-processing (whitening refitted on the
 multi-scale embeddings of the training classes, DBA/αQE chosen again) and kept only when the result beats the
 single-scale pipeline on validation; on Caltech-101 it lowered mAP@R (benchmarks/results/landmark_toolbox_caltech101.md).
+The comparison is made with the model the single-scale scores come from: when the served model is the one retrained
+on every class (validation classes included), the trial runs on the tuned model before it, and a kept multi-scale
+pipeline is then embedded again with the retrained one.
 """
 
 from __future__ import annotations
 
+import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -38,19 +43,35 @@ def estimated_seconds(photos: int, photos_per_second: float) -> float:
     return photos * COST / photos_per_second
 
 
+def embed_multiscale(net: RetrievalNet, dataset: RetrievalDataset, *, device: torch.device, batch_size: int,
+                     workers: int) -> torch.Tensor:
+    """Every photo of ``dataset`` embedded at :data:`DEFAULT_SCALES`."""
+    return embed_dataset(MultiScaleNet(net, DEFAULT_SCALES), dataset, batch_size=batch_size, device=device,
+                         num_workers=workers, desc="multi-scale").embeddings
+
+
 def try_multiscale(net: RetrievalNet, dataset: RetrievalDataset, labels: np.ndarray, train_rows: np.ndarray,
                    val_rows: np.ndarray, single: PostChoice, *, device: torch.device, batch_size: int, workers: int,
-                   dba: bool) -> MultiScaleTrial:
-    """Embed every photo at :data:`DEFAULT_SCALES`, choose post-processing on them as for one scale, and keep them
-    when validation mAP@R beats ``single``'s."""
-    model = MultiScaleNet(net, DEFAULT_SCALES)
-    x = embed_dataset(model, dataset, batch_size=batch_size, device=device, num_workers=workers,
-                      desc="multi-scale").embeddings
+                   dba: bool, retrained: Callable[[], None] | None = None,
+                   time_left: Callable[[], float] = lambda: math.inf, pass_s: float = 0.0) -> MultiScaleTrial:
+    """Embed every photo at :data:`DEFAULT_SCALES` with ``net`` as it is (the model ``single`` was scored with),
+    choose post-processing on them as for one scale, and keep them when validation mAP@R beats ``single``'s.
+    ``retrained``: loads the served model into ``net`` when it is not the one validation may score (it trained on the
+    validation classes); a kept trial is then embedded again with it, when ``time_left()`` allows a pass of
+    ``pass_s`` seconds, and else not served."""
+    kw = {"device": device, "batch_size": batch_size, "workers": workers}
+    x = embed_multiscale(net, dataset, **kw)
     choice = choose_postprocessing(x[train_rows], labels[train_rows], x[val_rows], labels[val_rows], dba=dba)
     single_value, value = single.metrics["map@r"], choice.metrics["map@r"]
-    if value > single_value:
-        return MultiScaleTrial(f"multi-scale kept: validation mAP@R {value:.4f} > {single_value:.4f} at one scale, "
-                               f"with its steps chosen again on the multi-scale embeddings: {choice.describe()}",
-                               choice, x)
-    return MultiScaleTrial(f"multi-scale tried, not kept: validation mAP@R {value:.4f} <= {single_value:.4f} at one "
-                           "scale")
+    if value <= single_value:
+        return MultiScaleTrial(f"multi-scale tried, not kept: validation mAP@R {value:.4f} <= {single_value:.4f} at "
+                               "one scale")
+    note = (f"multi-scale kept: validation mAP@R {value:.4f} > {single_value:.4f} at one scale, with its steps chosen "
+            f"again on the multi-scale embeddings: {choice.describe()}")
+    if retrained is None:
+        return MultiScaleTrial(note, choice, x)
+    if time_left() < pass_s:
+        return MultiScaleTrial(f"{note}; not served: no time left to embed the photos again with the retrained model")
+    retrained()
+    return MultiScaleTrial(f"{note} (compared with the model before the retraining; the photos then embedded again "
+                           "with the retrained one)", choice, embed_multiscale(net, dataset, **kw))

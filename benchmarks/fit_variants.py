@@ -27,7 +27,8 @@ scores the chosen state on the 15 stand-in test classes (mAP@R, self-retrieval),
   ``fit``'s serving rule would serve from the first two (the chosen state's pipeline when its mean gain per
   validation class is positive and over 0 or 1 standard error), against the features' pipeline.
 
-Prints one JSON line per seed and a summary line: the mean ± sd over seeds of each variant's gain over the features.
+Prints one JSON line per seed and a summary line: the mean ± sd over seeds of each variant's gain over the features
+(``post``: of its paired differences).
 """
 
 from __future__ import annotations
@@ -125,7 +126,8 @@ def post_pipelines(tail, cache: TrunkCache, pretrained: dict, chosen: dict, labe
     """The ``post`` variant: mAP@R on the stand-in test classes of the features and the chosen state, each with the
     post-processing chosen for it on validation (``k`` up to 10, and with ``wide`` up to 40), their choices, the
     :data:`POST_DIFFERENCES`, and what ``fit``'s serving rule (:func:`rankopt.fit.post.per_class_gain`, on the
-    validation classes) would serve at a threshold of :data:`SERVE_THRESHOLDS` standard errors, with its score."""
+    validation classes) would serve at a threshold of :data:`SERVE_THRESHOLDS` standard errors, against the
+    features' pipeline."""
     out: dict[str, float | str] = {}
     by_class: dict[str, dict] = {}
     for model, state in (("features", pretrained), ("chosen", chosen)):
@@ -146,7 +148,7 @@ def post_pipelines(tail, cache: TrunkCache, pretrained: dict, chosen: dict, labe
     out["validation gain"], out["validation se"] = mean, se
     for threshold in SERVE_THRESHOLDS:
         served = "chosen" if mean > 0 and mean > threshold * se else "features"
-        out[f"served at {threshold:g} se"] = out[f"{served}+pp"]
+        out[f"served at {threshold:g} se - features+pp"] = out[f"{served}+pp"] - out["features+pp"]  # type: ignore
     return out
 
 
@@ -163,7 +165,7 @@ def main() -> None:
     labels = cached["labels"]
     classes = np.unique(labels)
     settings = FitSettings()
-    gains: dict[str, list[float]] = {"chosen": []} if args.variant == "post" else {"chosen": [], args.variant: []}
+    gains: dict[str, list[float]] = {}  # by name, one paired difference per seed
     for seed in args.seeds:
         seed_everything(seed)
         test_classes = held_out_classes(classes, 0.3, seed=100 + seed)
@@ -213,18 +215,19 @@ def main() -> None:
                     seconds=1e9, clock=Clock(1e9, say=lambda _: None), batch_size=settings.batch_size,
                     m=settings.m, seed=seed)
             row["refit_steps"] = steps
+        differences = {"chosen": row["chosen"] - features}
         if args.variant == "post":
-            row.update(post_pipelines(tail, cache, result.pretrained_state, best, labels,
-                                      {"train": train_rows, "val": val_rows, "test": test_rows}))
-            for name in [f"{a} - {b}" for a, b in POST_DIFFERENCES] + [f"served at {t:g} se" for t in SERVE_THRESHOLDS]:
-                gains.setdefault(name, []).append(row[name] - (row["features+pp"] if name.startswith("served") else 0))
+            pipelines = post_pipelines(tail, cache, result.pretrained_state, best, labels,
+                                       {"train": train_rows, "val": val_rows, "test": test_rows})
+            row.update(pipelines)
+            differences.update({name: v for name, v in pipelines.items() if " - " in name})
         else:
             row[args.variant] = score(test_rows)
-        for name in ("chosen", args.variant):
-            if name in row:
-                gains[name].append(row[name] - features)  # post: its differences are already in gains
+            differences[args.variant] = row[args.variant] - features
+        for name, value in differences.items():
+            gains.setdefault(name, []).append(value)  # type: ignore[arg-type]
         print(json.dumps(row), flush=True)
-    print("gain over the features, mean ± sd over seeds: " + "; ".join(
+    print("gains (over the features, or as named), mean ± sd over seeds: " + "; ".join(
         f"{name} {np.mean(g):+.4f} ± {np.std(g, ddof=1) if len(g) > 1 else 0.0:.4f}" for name, g in gains.items()))
 
 

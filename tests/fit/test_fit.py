@@ -403,7 +403,7 @@ def test_multiscale_is_compared_with_the_model_validation_may_score_and_indexed_
     late = try_multiscale(net, dataset, labels, train, val, beaten, dba=True, retrained=retrained,
                           time_left=lambda: 1.0, pass_s=2.0, **kw)
     assert late.choice is None and late.embeddings is None and "not served: no time left" in late.note
-    kept = try_multiscale(net, dataset, labels, train, val, unbeatable, dba=True, retrained=retrained, **kw)
-    assert kept.choice is None and "not kept" in kept.note and calls == [1]
+    lost = try_multiscale(net, dataset, labels, train, val, unbeatable, dba=True, retrained=retrained, **kw)
+    assert lost.choice is None and "not kept" in lost.note and calls == [1]
     plain = try_multiscale(net, dataset, labels, train, val, beaten, dba=True, **kw)  # no retrained model served
     assert plain.embeddings is not None and torch.allclose(plain.embeddings, embed_multiscale(net, dataset, **kw))

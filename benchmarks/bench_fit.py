@@ -49,6 +49,7 @@ from rankopt.engine.weights import pretrained_checkpoint
 from rankopt.files import write_text_atomic
 from rankopt.fit.post import METRICS, WhiteningChoice, score_self_retrieval
 from rankopt.postprocess import Expansion, PostProcessing
+from rankopt.runtime import keep_allocations
 from rankopt.search import Index
 
 RESULTS = Path(__file__).resolve().parent / "results" / "fit.md"
@@ -224,6 +225,7 @@ def main() -> None:
     parser.add_argument("--results", type=Path, default=RESULTS,
                         help="the table written (default benchmarks/results/fit.md; another for a partial rerun)")
     args = parser.parse_args()
+    keep_allocations()  # the scoring's embeddings, as every rankopt command runs them (rankopt.runtime)
     root = Path(args.caltech)
     categories = sorted(p.name for p in root.iterdir() if p.is_dir() and p.name not in LEFT_OUT)
     train_categories = sorted({Path(p).parent.name for p in build_dataset("caltech101", root, "train").paths})

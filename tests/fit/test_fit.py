@@ -22,6 +22,7 @@ from rankopt.engine.assembly import build_model, model_from_checkpoint
 from rankopt.engine.checkpoint import load_checkpoint, save_model_checkpoint
 from rankopt.fit import FitSettings, fit
 from rankopt.fit.clock import Clock
+from rankopt.fit.page import validation_table
 from rankopt.fit.post import PostChoice, choose_postprocessing, score_self_retrieval, served_pipeline
 from rankopt.fit.photos import read_photos
 from rankopt.fit.run import served_text
@@ -328,7 +329,37 @@ def test_the_report_page_reads_and_shows_the_before_and_after(fitted, render_pag
     assert check_page(run / "report.html") == []
     for text in ("Before and after", "pretrained features", "fitted model", "What was chosen", "Time per stage"):
         assert text in html
+    stored = json.loads((run / "fit.json").read_text())  # each pipeline's scores per validation class are kept
+    assert set(stored["per_class"]) >= {"features", "features_post"} and "± " in \
+        next(r for r in html.split("<tr") if "features + post-processing" in r)
     assert (run / "figures" / "examples.png").is_file()
+
+
+def test_the_report_table_gives_each_pipelines_spread_and_the_gain_the_served_one_was_chosen_by():
+    rng = np.random.default_rng(0)
+    classes = [f"class{c}" for c in range(5)]
+
+    def scores(level: float) -> dict[str, dict[str, float]]:
+        return {c: {"map@r": float(level + rng.uniform(-0.05, 0.05)), "recall@1": 1.0} for c in classes}
+
+    per_class = {"features": scores(0.6), "fitted": scores(0.7), "features_post": scores(0.8), "fitted_post": scores(0.85)}
+    served, why = served_pipeline(per_class["features_post"], per_class["fitted_post"])
+    record = {key: {"map@r": float(np.mean([c["map@r"] for c in by_class.values()])), "recall@1": 1.0}
+              for key, by_class in per_class.items()}
+    record.update(per_class=per_class, validation={"classes": 5, "photos": 50},
+                  chosen={"model": served, "multiscale": None, "pipeline": f"{served} + DBA"})
+    html = validation_table(record, {"features": "DBA k=10 alpha=3", "fitted": "DBA k=10 alpha=1"})
+    rows = {r.split("</td>")[0].split(">")[-1]: r for r in html.split("<tr")[2:]}
+    assert list(rows) == ["pretrained features", "fitted model", "features + post-processing (DBA k=10 alpha=3)",
+                          "fitted + post-processing (DBA k=10 alpha=1)"]
+    gain, se = why.split("adds ")[1].split(" mAP@R")[0], why.split("standard error ")[1].split(",")[0]
+    assert f"{gain} ± {se}" in rows["fitted + post-processing (DBA k=10 alpha=1)"]  # the decision's own numbers
+    fitted = np.array([per_class["fitted"][c]["map@r"] - per_class["features"][c]["map@r"] for c in classes])
+    assert f"{fitted.mean():+.4f} ± {fitted.std(ddof=1) / np.sqrt(5):.4f}" in rows["fitted model"]
+    post = np.array([per_class["features_post"][c]["map@r"] for c in classes])
+    assert f"{post.mean():.4f} ± {post.std(ddof=1):.4f}" in rows["features + post-processing (DBA k=10 alpha=3)"]
+    assert "<td>–</td>" in rows["pretrained features"] and "<td>–</td>" in rows["features + post-processing (DBA k=10 alpha=3)"]
+    assert 'class="highlight"' in rows[f"{served} + post-processing (DBA k=10 alpha={'1' if served == 'fitted' else '3'})"]
 
 
 def test_bad_photos_are_refused_before_any_work_naming_each(tmp_path, pretrained):

@@ -12,6 +12,7 @@ import numpy as np
 import torch
 
 from rankopt.fit.photos import Photos
+from rankopt.fit.post import SELECT_ON, per_class_gain
 from rankopt.report.html import figure, key_values, note, page, section, table, write_page
 from rankopt.viz.comparison import GroupNeighbours, plot_retrieval_rows
 from rankopt.viz.retrieval_grid import retrieval_neighbours
@@ -26,13 +27,42 @@ def class_spread(by_class: Mapping[str, Mapping[str, float]], metric: str) -> tu
     return (float(values.mean()), float(values.std(ddof=1))) if values.size > 1 else (float("nan"), float("nan"))
 
 
-def paired_gain(after: Mapping[str, Mapping[str, float]], before: Mapping[str, Mapping[str, float]],
-                metric: str) -> tuple[float, float]:
-    """Mean and standard error over the classes of ``after − before`` for ``metric``."""
-    diffs = np.array([after[c][metric] - before[c][metric] for c in before if c in after])
-    if diffs.size < 2:
-        return float("nan"), float("nan")
-    return float(diffs.mean()), float(diffs.std(ddof=1) / math.sqrt(diffs.size))
+# (row, its key in record and record["per_class"], the row its gain per class is paired with): fitted against the
+# features, alone and each with its post-processing (the gain the served pipeline is chosen by: post.served_pipeline)
+PIPELINE_ROWS = (("pretrained features", "features", None), ("fitted model", "fitted", "features"),
+                 ("features + post-processing", "features_post", None),
+                 ("fitted + post-processing", "fitted_post", "features_post"))
+
+
+def validation_table(record: Mapping[str, Any], post_steps: Mapping[str, str]) -> str:
+    """The before/after table: each pipeline's validation mAP@R and R@1, its mean ± sd over the classes, and its
+    gain per class over the paired row, mean ± standard error (``post_steps``: each model's post-processing in
+    words); the served pipeline highlighted."""
+    per_class, rows = record["per_class"], []
+    for name, key, base in PIPELINE_ROWS:
+        metrics, by_class = record.get(key), per_class.get(key)
+        if not metrics:
+            continue
+        mean, sd = class_spread(by_class, SELECT_ON) if by_class else (math.nan, math.nan)
+        gain, se, _ = per_class_gain(per_class[base], by_class) if by_class and base in per_class else \
+            (math.nan, math.nan, False)
+        model = key.removesuffix("_post")
+        rows.append([f"{name} ({post_steps[model]})" if key.endswith("_post") else name, metrics["map@r"],
+                     "" if math.isnan(mean) else f"{mean:.4f} ± {sd:.4f}", metrics["recall@1"],
+                     f"{gain:+.4f} ± {se:.4f}" if math.isfinite(se) else "–"])
+    served = record["chosen"]["model"]
+    if record["chosen"].get("multiscale"):  # multi-scale kept: its own row, the steps chosen again for it
+        rows.append([f"served: {record['chosen']['pipeline']}", record["served"]["map@r"], "",
+                     record["served"]["recall@1"], ""])
+        highlight = [len(rows) - 1]
+    else:
+        highlight = [i for i, r in enumerate(rows) if str(r[0]).startswith(f"{served} + ")] or [0]
+    v = record["validation"]
+    return table(["pipeline", "mAP@R", "mAP@R per class (mean ± sd)", "R@1", "Δ mAP@R per class (± se)"], rows,
+                 highlight_rows=highlight,
+                 caption=f"{v['classes']} validation classes ({v['photos']} photos) held out from training, each "
+                         "photo a query (self-retrieval); Δ: the fitted model against the features, alone and each "
+                         "with its post-processing; the served pipeline highlighted")
 
 
 def _examples(folder: Path, photos: Photos, val_rows: np.ndarray, before: torch.Tensor,
@@ -55,30 +85,8 @@ def _examples(folder: Path, photos: Photos, val_rows: np.ndarray, before: torch.
 def write_report(folder: Path, record: Mapping[str, Any], photos: Photos, val_rows: np.ndarray,
                  features_val: torch.Tensor, fitted_val: torch.Tensor | None, choices: Mapping[str, Any]) -> Path:
     """Write ``folder/report.html`` (and ``folder/figures/examples.png``)."""
-    per_class = record["per_class"]
-    rows = []
-    for name, metrics, by_class in (("pretrained features", record["features"], per_class["features"]),
-                                    ("fitted model", record["fitted"], per_class["fitted"])):
-        mean, sd = class_spread(by_class, "map@r")
-        gain, se = paired_gain(by_class, per_class["features"], "map@r")
-        rows.append([name, metrics["map@r"], f"{mean:.4f} ± {sd:.4f}", metrics["recall@1"],
-                     "–" if by_class is per_class["features"] else f"{gain:+.4f} ± {se:.4f}"])
-    for key, label in (("features_post", "features + post-processing"), ("fitted_post", "fitted + post-processing")):
-        if record.get(key):
-            rows.append([f"{label} ({choices[key.split('_')[0]].describe()})", record[key]["map@r"], "",
-                         record[key]["recall@1"], ""])
-    served = record["chosen"]["model"]
-    if record["chosen"].get("multiscale"):  # multi-scale kept: its own row, the steps chosen again for it
-        rows.append([f"served: {record['chosen']['pipeline']}", record["served"]["map@r"], "",
-                     record["served"]["recall@1"], ""])
-        highlight = [len(rows) - 1]
-    else:
-        highlight = [i for i, r in enumerate(rows) if str(r[0]).startswith(f"{served} + ")] or [0]
+    results = validation_table(record, {name: choice.describe() for name, choice in choices.items()})
     v = record["validation"]
-    results = table(["pipeline", "mAP@R", "mAP@R per class (mean ± sd)", "R@1", "Δ mAP@R vs features (± se)"], rows,
-                    highlight_rows=highlight,
-                    caption=f"{v['classes']} validation classes ({v['photos']} photos) held out from training, each "
-                            "photo a query (self-retrieval); the served pipeline highlighted")
     candidates = [[c["loss"], c["lr"], c["steps"], max((h["map@r"] for h in c["history"]), default=None)]
                   for c in record["chosen"]["candidates"]]
     chosen = [section("What was chosen and why", "\n".join(

@@ -294,6 +294,7 @@ def fit(photos_source: str | os.PathLike[str], out: str | os.PathLike[str], sett
     with clock.stage("report") as stage:
         record = _record(settings, sizing, str(photos_source), photos, features_val, features_by_class, fitted,
                          choices, (served, served_why), tuned, clock, device, cfg.model.backbone, val_rows, checkpoint)
+        record["per_class"].update({f"{name}_post": scores for name, scores in by_class.items()})
         record["chosen"]["why"].insert(0, f"framing: {framing.note}")
         record["chosen"]["why"].append(trial.note)
         record["chosen"]["framing"] = {"preset": framing.preset, "validation_map@r": framing.scores}

@@ -45,7 +45,13 @@ from rankopt.data.transforms import build_transform
 from rankopt.engine.assembly import model_from_checkpoint, seed_everything
 from rankopt.fit.clock import Clock
 from rankopt.fit.photos import read_photos
-from rankopt.fit.post import EXPANSION_KS, choose_postprocessing, per_class_gain, score_self_retrieval
+from rankopt.fit.post import (
+    EXPANSION_KS,
+    SELECT_ON,
+    choose_postprocessing,
+    per_class_gain,
+    score_self_retrieval,
+)
 from rankopt.fit.run import FitSettings
 from rankopt.fit.trunk import (
     TrunkCache,
@@ -54,7 +60,6 @@ from rankopt.fit.trunk import (
     trunk_outputs,
 )
 from rankopt.fit.tune import (
-    SELECT_ON,
     Candidate,
     load_trainable,
     retrain,

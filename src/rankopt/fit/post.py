@@ -23,7 +23,7 @@ from rankopt.engine.embed_and_score import CATEGORY, EmbeddedSplit, score
 from rankopt.postprocess import Expansion, PostProcessing, Whitening, fit_pca_whitening, fit_supervised_whitening
 
 METRICS = ("map@r", "recall@1")
-SELECT_ON = "map@r"
+SELECT_ON = "map@r"  # what every choice of a fit is made on: validation mAP@R (tune, post, framing, the page)
 STABILITY_NOISE, STABILITY_COSINE = 1e-5, 0.999
 SHRINKAGES = (0.1, 0.3, 0.6)
 """Never 0: an unshrunk whitening divides by the smallest eigenvalues, so float noise of 1e-6 between two

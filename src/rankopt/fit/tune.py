@@ -33,6 +33,7 @@ from rankopt.config import OptimizerConfig, ScheduleConfig
 from rankopt.data.samplers import build_batch_sampler
 from rankopt.engine.optim import build_optimizer, lr_beyond, lr_factor
 from rankopt.fit.clock import Clock
+from rankopt.fit.post import SELECT_ON
 from rankopt.fit.trunk import TrunkCache
 
 MAX_EPOCHS = 200
@@ -49,7 +50,6 @@ GRID_EXTENSIONS = 2
 WARMUP = ScheduleConfig(name="constant", interval="step", warmup=10)
 """A linear warm-up over the first 10 steps, then the candidate's learning rate."""
 WEIGHT_DECAY = 1e-4
-SELECT_ON = "map@r"
 
 
 @dataclass(frozen=True)

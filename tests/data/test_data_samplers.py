@@ -161,8 +161,9 @@ def test_hierarchical_rejects_non_hierarchy_and_too_few_classes():
 def test_bad_arguments():
     with pytest.raises(ValueError, match="multiple of m"):
         MPerClassBatchSampler(_labels(), 30, 4)
-    with pytest.raises(ValueError, match="classes per batch"):
+    with pytest.raises(ValueError, match="classes per batch.*a batch_size of at most 20 fits"):
         MPerClassBatchSampler(_labels(5), 40, 4)
+    assert len(next(iter(MPerClassBatchSampler(_labels(5), 20, 4)))) == 20  # the batch the message suggests
     with pytest.raises(KeyError, match="unknown batch sampler"):
         build_batch_sampler("random", _labels(), 24, 4)
     with pytest.raises(ValueError, match="integer"):

@@ -166,7 +166,8 @@ class MPerClassBatchSampler(_ShardedBatchSampler):
         if int(self.eligible.sum()) < batch_size // m:
             raise ValueError(
                 f"batch_size // m = {batch_size // m} classes per batch, but only {int(self.eligible.sum())} "
-                f"class(es) are usable with m={m} and small_class_policy={small_class_policy!r}"
+                f"class(es) are usable with m={m} and small_class_policy={small_class_policy!r}: a batch_size of at "
+                f"most {int(self.eligible.sum()) * m} fits these labels (or more classes, or a smaller m)"
             )
 
     def _plan(self, rng: np.random.Generator) -> list[np.ndarray]:

@@ -17,6 +17,14 @@ Rows (each a real ``rankopt fit`` process, its wall time and peak resident memor
   ``rankopt weights fetch mobilefacenet --file``): the fit sees the ``yaleb`` training people only (subjects 1-20);
   the released weights and the fit's model are then scored on the 19 test people (1,216 faces, each a query) with
   mAP@R, R@1 and TAR@FAR 1e-3 over all pairs, as ``rankopt evaluate --dataset yaleb`` scores them.
+* ``known`` (closed-set, the search a person runs most): all 100 Caltech-101 categories, a third of each
+  category's photos (every third, sorted by name) never shown to ``fit`` and searched as new photos in the served
+  index of the rest (``RUN/index``: its embedder, its DBA'd vectors, its αQE), beside the same queries searched in
+  an index of the same photos by the pretrained features (alone and with the post-processing ``fit`` chose for them
+  for known queries, whitening refitted on the indexed photos), and by ``fit``'s fine-tuned model (alone and with
+  its post-processing for known queries); mAP@R and R@1 over the queries.
+* ``yaleb-known``: Extended Yale B, all 38 people, ``--backbone mobilefacenet``; a third of the 64 lightings
+  (every third, sorted by name) never shown to ``fit`` and searched in its served index, scored as ``known``.
 * ``small``: 10 categories x 20 photos; should finish within 2 minutes and say how little it could learn.
 * ``held-out-30min``: ``held-out`` with ``--minutes 30``: what three times the default budget buys.
 
@@ -40,17 +48,19 @@ from typing import Any
 import numpy as np
 import torch
 
+from rankopt.config import EvalConfig
 from rankopt.data import build_dataset
 from rankopt.data.transforms import build_transform
 from rankopt.describe import machine_info, source_commit
 from rankopt.engine.assembly import model_from_checkpoint
-from rankopt.engine.embed_and_score import embed_dataset
+from rankopt.engine.embed_and_score import EmbeddedSplit, embed_dataset, score
 from rankopt.engine.weights import pretrained_checkpoint
 from rankopt.files import write_text_atomic
 from rankopt.fit.post import METRICS, WhiteningChoice, score_self_retrieval
 from rankopt.postprocess import Expansion, PostProcessing
 from rankopt.runtime import keep_allocations
 from rankopt.search import Index
+from rankopt.search.embedder import Embedder
 
 RESULTS = Path(__file__).resolve().parent / "results" / "fit.md"
 LEFT_OUT = ("BACKGROUND_Google", "Faces_easy")
@@ -99,6 +109,81 @@ def run_fit(photos: Path, run: Path, seed: int, minutes: float | None, options: 
     return result
 
 
+CLOSED_ROWS = ("pretrained features", "features + post-processing (chosen by fit for known queries)",
+               "fit's fine-tuned model alone", "fit's fine-tuned model + its post-processing (for known queries)",
+               "fit's served pipeline")
+
+
+def pipeline_post(record: dict, model: str, protocol: str) -> dict | None:
+    """The post-processing ``fit`` chose for ``model`` on ``protocol``'s queries (``None``: none was kept)."""
+    return next((p["post"] for p in record["pipelines"] if p["model"] == model and p["steps_for"] == protocol), None)
+
+
+def closed_set_split(paths: list[Path], key) -> tuple[list[Path], list[Path]]:
+    """``(indexed, queries)``: the photos whose ``key`` is every third of the sorted keys of their class (Caltech:
+    the file name; Yale B: the lighting) are the queries."""
+    indexed, queries = [], []
+    for folder in sorted({p.parent for p in paths}):
+        mine = sorted((p for p in paths if p.parent == folder), key=key)
+        keys = sorted({key(p) for p in mine})
+        asked = set(keys[2::3])
+        for p in mine:
+            (queries if key(p) in asked else indexed).append(p)
+    return indexed, queries
+
+
+def lighting(path: Path) -> str:
+    """A Yale B face's lighting (``A+000E+00``), the same name for every person."""
+    return path.stem.split("_P00", 1)[1]
+
+
+def _labels(paths: list[Path], names: list[str]) -> torch.Tensor:
+    return torch.as_tensor([names.index(p.parent.name) for p in paths]).view(-1, 1)
+
+
+def closed_set_scores(run: Path, indexed: list[Path], queries: list[Path], features_ckpt: Path,
+                      metrics: tuple[str, ...] = METRICS) -> dict[str, dict[str, float]]:
+    """The ``known`` rows (module docstring), kept in ``run/scores.json``."""
+    kept = run / "scores.json"
+    if kept.is_file():
+        return json.loads(kept.read_text())
+    names = sorted({p.parent.name for p in indexed})
+    g_y, q_y = _labels(indexed, names), _labels(queries, names)
+    record = json.loads((run / "fit.json").read_text())
+
+    def scored(checkpoint: Path, post: dict | None) -> dict[str, float]:
+        embedder = Embedder.from_checkpoint(checkpoint, batch_size=32, progress=False)  # its own framing
+        g, q = (embedder.embed([str(p) for p in paths]).embeddings for paths in (indexed, queries))
+        steps = PostProcessing() if post is None else refitted(post, g, g_y[:, 0].numpy())
+        return score_query_gallery(q, q_y, g, g_y, steps, metrics)
+
+    rows = {CLOSED_ROWS[0]: scored(features_ckpt, None),
+            CLOSED_ROWS[1]: scored(features_ckpt, pipeline_post(record, "features", "known")),
+            CLOSED_ROWS[2]: scored(fine_tuned(run), None),
+            CLOSED_ROWS[3]: scored(fine_tuned(run), pipeline_post(record, "fine-tuned", "known")),
+            CLOSED_ROWS[4]: served_index_scores(run, queries, q_y, names, metrics)}
+    write_text_atomic(kept, json.dumps(rows, indent=1))
+    return rows
+
+
+def score_query_gallery(q: torch.Tensor, q_y: torch.Tensor, g: torch.Tensor, g_y: torch.Tensor, post: PostProcessing,
+                        metrics: tuple[str, ...]) -> dict[str, float]:
+    splits = [EmbeddedSplit(q, q_y, [], {}), EmbeddedSplit(g, g_y, [], {})]
+    return dict(score(splits, EvalConfig(), metrics=list(metrics), postprocessing=post).metrics)
+
+
+def served_index_scores(run: Path, queries: list[Path], q_y: torch.Tensor, names: list[str],
+                        metrics: tuple[str, ...]) -> dict[str, Any]:
+    """The queries searched in ``run``'s index as ``rankopt serve`` does: its embedder (framing, multi-scale,
+    whitening), its vectors (DBA applied when built), its αQE."""
+    index = Index.load(run)
+    q = index.embedder_for(batch_size=32, progress=False).embed([str(p) for p in queries]).embeddings
+    g_y = _labels([Path(p) for p in index.paths], names)
+    scores: dict[str, Any] = score_query_gallery(q, q_y, index.embeddings, g_y,
+                                                 PostProcessing(None, None, None, index.query_expansion), metrics)
+    return {**scores, "chosen": json.loads((run / "fit.json").read_text())["chosen"]["pipeline"]}
+
+
 HELD_OUT_ROWS = ("pretrained features", "features + post-processing (chosen by fit)",
                  "pretrained features, framed as fit chose", "the same + post-processing (chosen by fit)",
                  "fit's fine-tuned model alone", "fit's fine-tuned model + its post-processing (chosen by fit)",
@@ -120,7 +205,8 @@ def held_out_scores(run: Path, root: Path, features_ckpt: Path) -> dict[str, dic
 
 def _held_out_scores(run: Path, root: Path, features_ckpt: Path, names: list[str]) -> dict[str, dict[str, Any]]:
     record = json.loads((run / "fit.json").read_text())
-    post_by_model, framed = record["chosen"]["post_by_model"], record["chosen"]["framing"]["preset"]
+    post_by_model = {model: pipeline_post(record, model, "new") for model in ("features", "fine-tuned")}
+    framed = record["chosen"]["framing"]["preset"]
     embedded: dict[tuple[Path, str, str | None], tuple[torch.Tensor, np.ndarray]] = {}
 
     def embed(checkpoint: Path, split: str, preset: str | None = None) -> tuple[torch.Tensor, np.ndarray]:
@@ -134,7 +220,7 @@ def _held_out_scores(run: Path, root: Path, features_ckpt: Path, names: list[str
 
     def scored(checkpoint: Path, preset: str | None = None, post: dict | None = None) -> dict[str, float]:
         test_x, test_y = embed(checkpoint, "test", preset)
-        if post is None:
+        if not post:
             return score_self_retrieval(test_x, test_y)  # type: ignore[return-value]
         train_x, train_y = embed(checkpoint, "train", preset)
         return score_self_retrieval(test_x, test_y, refitted(post, train_x, train_y))  # type: ignore[return-value]
@@ -149,7 +235,7 @@ def _held_out_scores(run: Path, root: Path, features_ckpt: Path, names: list[str
             # the fine-tuned checkpoint's own test transform is the framing fit chose
             "fit's fine-tuned model alone": lambda: scored(fine_tuned(run)),
             "fit's fine-tuned model + its post-processing (chosen by fit)":
-                lambda: scored(fine_tuned(run), None, post_by_model["fitted"]),
+                lambda: scored(fine_tuned(run), None, post_by_model["fine-tuned"]),
             "fit's served pipeline": lambda: served_scores(run, "caltech101", root)}
     return {name: rows[name]() for name in names}
 
@@ -208,6 +294,12 @@ def machine_text() -> str:
            f"Python {info['python']}, {info['platform']}"
 
 
+def validation_value(record: dict, name: str) -> float:
+    """The validation mAP@R on known queries (the closed-set protocol) of the pipeline ``name`` of a fit record."""
+    pipeline = next(p for p in record["pipelines"] if p["name"] == name)
+    return pipeline["scores"]["known"]["metrics"]["map@r"]
+
+
 def mean_sd(values: list[float], digits: int = 4) -> str:
     return f"{statistics.mean(values):.{digits}f}" + (f" ± {statistics.stdev(values):.{digits}f}"
                                                        if len(values) > 1 else "")
@@ -234,16 +326,25 @@ def main() -> None:
              "held-out": link_tree(root, args.out / "photos-train50", train_categories),
              "small": link_tree(root, args.out / "photos-small", categories[::10][:10], 20)}
     trees["held-out-30min"] = trees["held-out"]
-    minutes = {"whole": None, "held-out": None, "held-out-30min": 30.0, "small": 2.0, "yaleb": None}
-    options = {"yaleb": ("--backbone", "mobilefacenet")}
+    every = [p for name in categories for p in sorted((root / name).iterdir())]
+    closed = {"known": closed_set_split(every, lambda p: p.name)}
+    trees["known"] = link_photos(args.out / "photos-known", closed["known"][0])
+    minutes = {"whole": None, "held-out": None, "held-out-30min": 30.0, "small": 2.0, "yaleb": None, "known": None,
+               "yaleb-known": None}
+    options = {"yaleb": ("--backbone", "mobilefacenet"), "yaleb-known": ("--backbone", "mobilefacenet")}
     if any(r.startswith("yaleb") for r in args.rows):
         subprocess.run([sys.executable, "-m", "rankopt", "weights", "fetch", "mobilefacenet", "--file",
                         args.mobilefacenet], check=True)
         trees["yaleb"] = link_photos(args.out / "photos-yaleb-train",
                                      [Path(p) for p in build_dataset("yaleb", args.yaleb, "train").paths])
+        faces_all = [Path(p) for split in ("train", "test") for p in build_dataset("yaleb", args.yaleb, split).paths]
+        closed["yaleb-known"] = closed_set_split(faces_all, lighting)
+        trees["yaleb-known"] = link_photos(args.out / "photos-yaleb-known", closed["yaleb-known"][0])
+    released = {"known": features_ckpt, "yaleb-known": None}
     runs: dict[str, list[dict]] = {}
     held: dict[str, list[dict[str, dict[str, float]]]] = {}  # by row: held-out, held-out-30min
     faces: list[dict[str, dict[str, float]]] = []
+    known: dict[str, list[dict[str, dict[str, float]]]] = {}  # by row: known, yaleb-known
     plan = [(int(seed), order, name) for order, (name, _, seeds) in enumerate(r.partition(":") for r in args.rows)
             for seed in (seeds.split(",") if seeds else args.seeds)]
     for seed, _, row in sorted(plan):  # seed by seed, rows in the order given
@@ -254,6 +355,11 @@ def main() -> None:
         if row.startswith("held-out"):
             held.setdefault(row, []).append(held_out_scores(args.out / f"{row}-s{seed}", root, features_ckpt))
             print(json.dumps(held[row][-1], indent=1), flush=True)
+        if row in closed:
+            indexed, queries = closed[row]
+            release = released[row] or pretrained_checkpoint("mobilefacenet")
+            known.setdefault(row, []).append(closed_set_scores(args.out / f"{row}-s{seed}", indexed, queries, release))
+            print(json.dumps(known[row][-1], indent=1), flush=True)
         if row == "yaleb":
             faces.append(yaleb_scores(args.out / f"yaleb-s{seed}", Path(args.yaleb),
                                       pretrained_checkpoint("mobilefacenet")))
@@ -266,14 +372,25 @@ def main() -> None:
              + ("" if args.results == RESULTS else f" --results benchmarks/results/{args.results.name}"),
              "", f"Machine: {machine_text()}; load before the run {os.getloadavg()[0]:.1f}; each fit alone on it.", "",
              "## Time, memory, what was indexed", "",
-             "| row | runs | wall (s) | peak RSS (GiB) | indexed | validation mAP@R: features → served | served |",
+             "| row | runs | wall (s) | peak RSS (GiB) | indexed | validation mAP@R (known queries): features → served "
+             "| served |",
              "|---|---|---|---|---|---|---|"]
     for row, results in runs.items():
-        served = [r["fit"]["served"]["map@r"] for r in results]
+        features = [validation_value(r["fit"], "features") for r in results]
+        served = [validation_value(r["fit"], r["fit"]["chosen"]["served_name"]) for r in results]
         lines.append(f"| {row} | {len(results)} | {mean_sd([r['wall_s'] for r in results], 1)} | "
                      f"{mean_sd([r['peak_gib'] for r in results], 2)} | {results[0]['indexed']} | "
-                     f"{mean_sd([r['fit']['features']['map@r'] for r in results])} → {mean_sd(served)} | "
+                     f"{mean_sd(features)} → {mean_sd(served)} | "
                      f"{', '.join(r['fit']['chosen']['model'] for r in results)} |")
+    for row, scores in known.items():
+        what = "Caltech-101, all 100 categories" if row == "known" else "Extended Yale B, all 38 people"
+        count = len(closed[row][1])
+        lines += ["", f"## Closed-set ({row}): {what}; {count:,} photos never shown to fit, searched as new photos "
+                  f"in the served index of the other {len(closed[row][0]):,}", "",
+                  "| pipeline | runs | mAP@R | R@1 |", "|---|---|---|---|"]
+        for name in scores[0]:
+            lines.append(f"| {name} | {len(scores)} | {mean_sd([h[name]['map@r'] for h in scores])} | "
+                         f"{mean_sd([h[name]['recall@1'] for h in scores])} |")
     for row, scores in held.items():
         budget = "" if minutes[row] is None else f" with `--minutes {minutes[row]:g}`"
         lines += ["", f"## Held out{budget}: fit on the 50 training categories, scored on the 50 test categories "

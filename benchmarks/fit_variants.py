@@ -52,7 +52,7 @@ from rankopt.fit.post import (
     per_class_gain,
     score_self_retrieval,
 )
-from rankopt.fit.run import FitSettings
+from rankopt.fit.settings import FitSettings
 from rankopt.fit.trunk import (
     TrunkCache,
     embed_cached,
@@ -115,7 +115,7 @@ class CroppedCache(TrunkCache):
 def greedy_soup(tail, trials, states: dict[int, dict], validate) -> None:
     """Each trial's best state (``states``: by the id of the metrics ``validate`` returned for it), averaged from
     the best trial down, each kept when validation rises."""
-    bests = [max(t.history, key=lambda h: h[1][SELECT_ON])[1] for t in trials if t.history]
+    bests = [max(t.history, key=lambda h: h[1]["new"][SELECT_ON])[1]["new"] for t in trials if t.history]
     ranked = sorted(bests, key=lambda m: m[SELECT_ON], reverse=True)
     members, soup, best = 1, states[id(ranked[0])], ranked[0][SELECT_ON]
     for metrics in ranked[1:]:
@@ -196,8 +196,9 @@ def main() -> None:
 
         features = score(test_rows)
         candidates = [Candidate(loss, lr) for loss in settings.losses for lr in settings.lrs]
-        result = tune(tail, cache, train_rows, labels[train_rows], validate, candidates, seconds=args.seconds,
-                      clock=Clock(1e9, say=lambda _: None), batch_size=settings.batch_size, m=settings.m, seed=seed)
+        result = tune(tail, cache, train_rows, labels[train_rows], lambda: {"new": validate()}, candidates,
+                      seconds=args.seconds, clock=Clock(1e9, say=lambda _: None), primary="new",
+                      batch_size=settings.batch_size, m=settings.m, seed=seed)
         row = {"seed": seed, "features": features, "chosen_from": result.best_from}
         best = result.best_state or result.pretrained_state
         load_trainable(tail, best)

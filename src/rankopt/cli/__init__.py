@@ -42,8 +42,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     try:
         return int(args.func(args) or 0)
-    except (ValueError, FileNotFoundError, NotADirectoryError, IsADirectoryError, KeyError, TypeError,
-            FloatingPointError, ImportError) as err:  # ImportError: an optional extra is missing (its install hint)
+    except (ValueError, FileNotFoundError, FileExistsError, NotADirectoryError, IsADirectoryError, KeyError,
+            TypeError, FloatingPointError, ImportError) as err:  # ImportError: an optional extra is missing (its install hint)
         # Bad input: a clear one-line error, no traceback. RANKOPT_DEBUG=1 shows it.
         import os
 

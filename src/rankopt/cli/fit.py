@@ -12,11 +12,12 @@ def register(subparsers: Any) -> None:
     parser = subparsers.add_parser(
         "fit", help="photos in, a better search out: fine-tune, validate and index in one command",
         description="Check the photos, fine-tune a pretrained backbone with a rank loss on most of their classes, "
-                    "validate it and the post-processing steps on the others (never worse than the pretrained "
-                    "features there), and index every photo with the winner: RUN/index, RUN/report.html, "
-                    "RUN/fit.json. Then: rankopt serve RUN.")
+                    "validate it and the post-processing steps as the index is searched (new photos of the classes "
+                    "kept back, and whole classes held out), serve the best for --queries (never worse than the "
+                    "pretrained features there), and index every photo: RUN/index, RUN/report.html, RUN/fit.json. "
+                    "Then: rankopt serve RUN.")
     parser.add_argument("photos", metavar="PHOTOS", help="a folder of class folders, or an OML-format .csv")
-    parser.add_argument("--out", required=True, metavar="RUN", help="the run folder to create (must be new)")
+    parser.add_argument("--out", required=True, metavar="RUN", help="the run folder to create (new, or --overwrite)")
     parser.add_argument("--minutes", type=float, default=10.0, metavar="M",
                         help="time budget of the whole command (default 10)")
     parser.add_argument("--backbone", default="mobilenet_v2", metavar="NAME",
@@ -27,7 +28,14 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--seed", type=int, default=0, help="validation classes and training order (0)")
     parser.add_argument("--device", default="auto", help="cpu, cuda, cuda:1, ... (default: auto)")
     parser.add_argument("--validation-fraction", type=float, default=0.2, metavar="F",
-                        help="share of the classes held out for validation (0.2; at least 2 classes)")
+                        help="share of each class's photos kept back as new photos of known classes, and of the "
+                             "classes held out whole as new classes where there are 10 or more (0.2)")
+    parser.add_argument("--queries", choices=("known", "new", "both"), default="both",
+                        help="the searches the index will answer, which choose what is served: known = new photos of "
+                             "the classes in PHOTOS, new = photos of other classes, both (default) = the best on "
+                             "known among those no worse than the pretrained features on new")
+    parser.add_argument("--overwrite", action="store_true",
+                        help="replace RUN when it holds a fit (finished or stopped part-way); never another folder")
     parser.add_argument("--no-dba", dest="dba", action="store_false",
                         help="do not try database-side augmentation (tried by default: each indexed vector averaged "
                              "with its neighbours, recomputed for every item when the index changes)")
@@ -47,5 +55,5 @@ def run(args: argparse.Namespace) -> int:
     fit(args.photos, args.out, FitSettings(minutes=args.minutes, backbone=args.backbone, weights=args.weights,
                                            seed=args.seed, device=args.device,
                                            validation_fraction=args.validation_fraction, dba=args.dba,
-                                           refit=args.refit))
+                                           refit=args.refit, queries=args.queries, overwrite=args.overwrite))
     return 0

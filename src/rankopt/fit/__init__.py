@@ -4,6 +4,7 @@
 and the candidates.
 """
 
-from rankopt.fit.run import FitSettings, fit
+from rankopt.fit.run import fit
+from rankopt.fit.settings import FitSettings
 
 __all__ = ["FitSettings", "fit"]

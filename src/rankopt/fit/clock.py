@@ -32,6 +32,8 @@ class Clock:
     started: float = field(default_factory=time.monotonic)
     seconds: dict[str, float] = field(default_factory=dict)
     planned: dict[str, float] = field(default_factory=dict)
+    on_stage: Callable[[str], None] | None = None
+    """Called with a stage's name as it begins (``rankopt fit`` records it in the run folder's unfinished mark)."""
     _last_line: float = 0.0
 
     def elapsed(self) -> float:
@@ -58,6 +60,8 @@ class Clock:
     @contextlib.contextmanager
     def stage(self, name: str) -> Iterator[dict[str, str]]:
         """Time the ``with`` block as stage ``name``; the block sets ``["done"]`` to what it did."""
+        if self.on_stage is not None:
+            self.on_stage(name)
         start = time.monotonic()
         report: dict[str, str] = {"done": ""}
         self._last_line = start

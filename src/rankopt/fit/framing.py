@@ -4,8 +4,8 @@ An ImageNet model's own test framing (``test``: the shorter side resized to 256,
 keeps 87.5 % of the shorter side and less of the longer one, so an object photo loses its borders and often part
 of its object. The alternative is the whole photo resized to the input size, its aspect not kept
 (``landmark_test``, the test framing of ROADMAP and SupRank; :data:`WHOLE_PHOTO` names it for each input
-convention). Each framing embeds the validation photos with the pretrained model, scored by self-retrieval
-mAP@R per validation class; the whole photo replaces the model's own framing only when its gain per class is
+convention). Each framing embeds the kept-back photos with the pretrained model, scored by self-retrieval
+mAP@R per class (the pretrained model trained on none of the classes, so it has no known and new classes); the whole photo replaces the model's own framing only when its gain per class is
 clear (:func:`rankopt.fit.post.per_class_gain`, as the served pipeline is chosen). The choice is the model's
 test transform from then on: the trunk's cache, the saved model and the index's queries all use it.
 """
@@ -21,7 +21,8 @@ from torch import nn
 from rankopt.data.base import RetrievalDataset
 from rankopt.data.transforms import build_transform
 from rankopt.engine.embed_and_score import embed_dataset
-from rankopt.fit.post import SELECT_ON, per_class_gain, score_self_retrieval
+from rankopt.fit.post import score_self_retrieval
+from rankopt.fit.validation import SELECT_ON, per_class_gain
 
 WHOLE_PHOTO = {"test": "landmark_test", "tf_lite_test": "tf_lite_whole_test"}
 """The whole-photo framing with the same input convention, for each centre-cropping test preset."""

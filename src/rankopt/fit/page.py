@@ -1,5 +1,6 @@
-"""``RUN/report.html`` of a fit: before/after on the validation classes, what was chosen and why, retrieval
-examples before and after, and the time per stage (one self-contained page, figures beside it)."""
+"""``RUN/report.html`` of a fit: every pipeline scored as the index is searched (new photos of known classes, and
+photos of new classes where validated), which one is served and why, retrieval examples before and after, and the
+time per stage (one self-contained page, figures beside it)."""
 
 from __future__ import annotations
 
@@ -12,8 +13,17 @@ import numpy as np
 import torch
 
 from rankopt.fit.photos import Photos
-from rankopt.fit.post import SELECT_ON, per_class_gain
-from rankopt.report.html import figure, key_values, note, page, section, table, write_page
+from rankopt.fit.record import FitRecord
+from rankopt.fit.validation import NAMES, per_class_gain
+from rankopt.report.html import (
+    figure,
+    key_values,
+    note,
+    page,
+    section,
+    table,
+    write_page,
+)
 from rankopt.viz.comparison import GroupNeighbours, plot_retrieval_rows
 from rankopt.viz.retrieval_grid import retrieval_neighbours
 
@@ -21,87 +31,92 @@ EXAMPLE_QUERIES = 4
 EXAMPLE_K = 6
 
 
-def class_spread(by_class: Mapping[str, Mapping[str, float]], metric: str) -> tuple[float, float]:
-    """Mean and sample sd over the classes of their ``metric``."""
-    values = np.array([m[metric] for m in by_class.values() if not math.isnan(m.get(metric, math.nan))])
-    return (float(values.mean()), float(values.std(ddof=1))) if values.size > 1 else (float("nan"), float("nan"))
+def _reference(pipelines: list[dict[str, Any]], protocol: str) -> dict[str, Any]:
+    """The best untrained pipeline on ``protocol``: what a fine-tuned one is compared with."""
+    untrained = [p for p in pipelines if p["model"] == "features"]
+    return max(untrained, key=lambda p: p["scores"][protocol]["metrics"]["map@r"])
 
 
-# (row, its key in record and record["per_class"], the row its gain per class is paired with): fitted against the
-# features, alone and each with its post-processing (the gain the served pipeline is chosen by: post.served_pipeline)
-PIPELINE_ROWS = (("pretrained features", "features", None), ("fitted model", "fitted", "features"),
-                 ("features + post-processing", "features_post", None),
-                 ("fitted + post-processing", "fitted_post", "features_post"))
+def validation_table(record: FitRecord) -> str:
+    """One row per pipeline: for each protocol its validation mAP@R (± sd over the query classes), R@1, and its
+    gain per class over the best untrained pipeline (± standard error); the served pipeline highlighted."""
+    protocols = record.validation["protocols"]
+    references = {p: _reference(record.pipelines, p) for p in protocols}
+    rows, highlight = [], []
+    for i, pipeline in enumerate(record.pipelines):
+        row: list[object] = [pipeline["model"], pipeline["steps"]]
+        for protocol in protocols:
+            scores, base = pipeline["scores"][protocol], references[protocol]["scores"][protocol]
+            sd = scores["sd_over_classes"]
+            row += [f"{scores['metrics']['map@r']:.4f}" + ("" if math.isnan(sd) else f" ± {sd:.4f}"),
+                    scores["metrics"]["recall@1"]]
+            if pipeline is references[protocol]:
+                row.append("reference")
+            else:
+                gain, se, _ = per_class_gain(base["by_class"], scores["by_class"])
+                row.append(f"{gain:+.4f} ± {se:.4f}" if math.isfinite(se) else f"{gain:+.4f}")
+        rows.append(row)
+        if pipeline["name"] == record.chosen["served_name"]:
+            highlight.append(i)
+    header = ["model", "post-processing"]
+    for protocol in protocols:
+        header += [f"{protocol}: mAP@R (± sd over classes)", f"{protocol}: R@1", f"{protocol}: Δ per class (± se)"]
+    v = record.validation
+    caption = (f"known: {v['known_queries']} new photos of the {v['train_classes']} training classes, never trained "
+               f"on; " + (f"new: {v['new_queries']} photos of {v['held_out_classes']} classes held out whole; "
+                          if "new" in protocols else "") +
+               f"each searched in an index of {v['index_photos']} photos as rankopt serve answers it. Δ: the gain per "
+               "class over the best untrained pipeline (the reference). Highlighted: the served pipeline.")
+    return table(header, rows, highlight_rows=highlight, caption=caption)
 
 
-def validation_table(record: Mapping[str, Any], post_steps: Mapping[str, str]) -> str:
-    """The before/after table: each pipeline's validation mAP@R and R@1, its mean ± sd over the classes, and its
-    gain per class over the paired row, mean ± standard error (``post_steps``: each model's post-processing in
-    words); the served pipeline highlighted."""
-    per_class, rows = record["per_class"], []
-    for name, key, base in PIPELINE_ROWS:
-        metrics, by_class = record.get(key), per_class.get(key)
-        if not metrics:
-            continue
-        mean, sd = class_spread(by_class, SELECT_ON) if by_class else (math.nan, math.nan)
-        gain, se, _ = per_class_gain(per_class[base], by_class) if by_class and base in per_class else \
-            (math.nan, math.nan, False)
-        model = key.removesuffix("_post")
-        rows.append([f"{name} ({post_steps[model]})" if key.endswith("_post") else name, metrics["map@r"],
-                     "" if math.isnan(mean) else f"{mean:.4f} ± {sd:.4f}", metrics["recall@1"],
-                     f"{gain:+.4f} ± {se:.4f}" if math.isfinite(se) else "–"])
-    served = record["chosen"]["model"]
-    if record["chosen"].get("multiscale"):  # multi-scale kept: its own row, the steps chosen again for it
-        rows.append([f"served: {record['chosen']['pipeline']}", record["served"]["map@r"], "",
-                     record["served"]["recall@1"], ""])
-        highlight = [len(rows) - 1]
-    else:
-        highlight = [i for i, r in enumerate(rows) if str(r[0]).startswith(f"{served} + ")] or [0]
-    v = record["validation"]
-    return table(["pipeline", "mAP@R", "mAP@R per class (mean ± sd)", "R@1", "Δ mAP@R per class (± se)"], rows,
-                 highlight_rows=highlight,
-                 caption=f"{v['classes']} validation classes ({v['photos']} photos) held out from training, each "
-                         "photo a query (self-retrieval); Δ: the fitted model against the features, alone and each "
-                         "with its post-processing; the served pipeline highlighted")
-
-
-def _examples(folder: Path, photos: Photos, val_rows: np.ndarray, before: torch.Tensor,
-              after: torch.Tensor | None) -> Path | None:
-    labels = torch.as_tensor(photos.labels[val_rows])
-    picks = np.random.default_rng(0).choice(len(val_rows), min(EXAMPLE_QUERIES, len(val_rows)), replace=False)
+def _examples(folder: Path, photos: Photos, embeddings: Mapping[str, torch.Tensor]) -> Path | None:
+    """Top results of a few validation queries of each protocol in the validation index, per model."""
+    split = photos.split
+    labels = torch.as_tensor(split.labels).long()
+    rng = np.random.default_rng(0)
+    picks = np.concatenate([rng.choice(split.queries(p), min(EXAMPLE_QUERIES // len(split.protocols),
+                                                             split.queries(p).size), replace=False)
+                            for p in split.protocols])
+    if picks.size == 0:
+        return None
     groups = []
-    for name, x in (("pretrained features", before), ("fitted model", after)):
-        if x is None:
-            continue
-        found = retrieval_neighbours(x, labels, query_indices=picks.tolist(), top_k=EXAMPLE_K)
-        paths = [[photos.dataset.paths[val_rows[j]] for j in row] for row in found.indices.tolist()]
+    for name, x in embeddings.items():
+        query = x[split.positions(picks)]
+        gallery = x[split.positions(split.gallery)]
+        found = retrieval_neighbours(query, labels[picks], gallery, labels[split.gallery], top_k=EXAMPLE_K)
+        paths = [[photos.dataset.paths[split.gallery[j]] for j in row] for row in found.indices.tolist()]
         groups.append(GroupNeighbours(name, paths, found.levels.numpy(), found.scores.numpy()))
-    queries = [photos.dataset.paths[val_rows[q]] for q in picks]
-    titles = [photos.class_names[photos.labels[val_rows[q]]] for q in picks]
-    return plot_retrieval_rows(folder / "figures" / "examples.png", queries, groups, num_levels=1,
-                               query_titles=titles, title_note="validation classes")
+    kinds = {int(r): "known class" for r in split.known_queries} | {int(r): "new class" for r in split.new_queries}
+    titles = [f"{split.class_names[split.labels[q]]} ({kinds[int(q)]})" for q in picks]
+    return plot_retrieval_rows(folder / "figures" / "examples.png", [photos.dataset.paths[q] for q in picks], groups,
+                               num_levels=1, query_titles=titles, title_note="validation queries in the index")
 
 
-def write_report(folder: Path, record: Mapping[str, Any], photos: Photos, val_rows: np.ndarray,
-                 features_val: torch.Tensor, fitted_val: torch.Tensor | None, choices: Mapping[str, Any]) -> Path:
+def write_report(folder: Path, record: FitRecord, photos: Photos, embeddings: Mapping[str, torch.Tensor]) -> Path:
     """Write ``folder/report.html`` (and ``folder/figures/examples.png``)."""
-    results = validation_table(record, {name: choice.describe() for name, choice in choices.items()})
-    v = record["validation"]
-    candidates = [[c["loss"], c["lr"], c["steps"], max((h["map@r"] for h in c["history"]), default=None)]
-                  for c in record["chosen"]["candidates"]]
-    chosen = [section("What was chosen and why", "\n".join(
-        [table(["loss", "learning rate", "steps", "best validation mAP@R"], candidates),
-         *(note(line) for line in record["chosen"]["why"])]))]
-    examples = _examples(folder, photos, val_rows, features_val, fitted_val)
+    v = record.validation
+    candidates = [[c["loss"], c["lr"], c["steps"],
+                   max((h[record.chosen["decided_on"]]["map@r"] for h in c["history"]), default=None)]
+                  for c in record.chosen["candidates"]]
+    searches = {"known": NAMES["known"], "new": NAMES["new"], "both": "both kinds of search"}[record.queries]
+    chosen = section("What was chosen and why", "\n".join(
+        [table(["loss", "learning rate", "steps", f"best validation mAP@R ({record.chosen['decided_on']} queries)"],
+               candidates), *(note(line) for line in record.chosen["why"])]))
+    examples = _examples(folder, photos, embeddings)
     pictures = [] if examples is None else [section("Retrieval examples, before and after", figure(
         "figures/examples.png", "top results of validation queries: green frame = same class, red = another"))]
-    seconds = record["seconds"]
-    timing = table(["stage", "seconds"], [[k, v] for k, v in seconds.items()], digits=1)
-    summary = key_values([("photos", record["photos"]), ("backbone", f"{record['backbone']} ({record['weights']})"),
-                          ("training classes", f"{v['train_classes']} ({v['train_photos']} photos)"),
-                          ("served", record["chosen"]["pipeline"]), ("index", "index/ (rankopt serve "
-                                                                                         f"{folder})")])
-    html = page("rankopt fit", [section("Summary", summary), section("Before and after, on validation", results),
-                                *chosen, *pictures, section("Time per stage", timing)],
-                subtitle=f"{record['photos']} on {record['machine'].get('device', '')}")
+    timing = table(["stage", "seconds"], [[k, s] for k, s in record.seconds.items()], digits=1)
+    summary = key_values([("photos", record.photos), ("backbone", f"{record.backbone} ({record.weights})"),
+                          ("optimised for", f"{searches} (--queries {record.queries})"),
+                          ("training", f"{v['train_photos']} photos of {v['train_classes']} classes"),
+                          ("served", record.chosen["pipeline"]),
+                          ("index", f"index/ (rankopt serve {folder})")])
+    results = section("Every pipeline, searched as the index is", validation_table(record),
+                      intro="Each row is a way to embed and search the photos. known: how well new photos of the "
+                            "classes in the folder find their class; new: the same for classes the model never "
+                            "trained on. Higher is better; the highlighted row is what rankopt serve answers with.")
+    html = page("rankopt fit", [section("Summary", summary), results, chosen, *pictures,
+                                section("Time per stage", timing)],
+                subtitle=f"{record.photos} on {record.machine.get('device', '')}")
     return write_page(folder / "report.html", html)

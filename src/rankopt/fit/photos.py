@@ -1,9 +1,10 @@
-"""The photos of a fit: read and checked before any heavy work, and their classes split for validation.
+"""The photos of a fit: read and checked before any heavy work, and split for validation.
 
 ``PHOTOS`` is a class-folder tree (``image_folder``'s ``all`` split: every image, labelled by its folder) or a
 CSV in open-metric-learning's format (``csv``: every row of every split). Every image is opened first (the
 ``dataset-info --verify`` checks); a missing, unreadable or empty file, an empty class, or a malformed table is
-refused with the list of every problem, before a model is loaded.
+refused with the list of every problem, before a model is loaded. The split for validation is
+:func:`rankopt.fit.validation.make_split`'s.
 """
 
 from __future__ import annotations
@@ -18,35 +19,24 @@ import numpy as np
 
 from rankopt.data import DatasetProblems, build_dataset
 from rankopt.data.base import RetrievalDataset
-from rankopt.data.splits import held_out_classes, subset
+from rankopt.data.splits import subset
 from rankopt.files import write_text_atomic
-
-MIN_CLASSES = 4
-"""Fewest classes a fit accepts: validation holds out at least 2 whole classes and training keeps 2."""
+from rankopt.fit.validation import KNOWN_FRACTION, ValidationSplit, make_split
 
 
 @dataclass
 class Photos:
-    """Every photo (``dataset``, with the test transform), its finest label and the validation mask:
-    ``validation[i]`` when photo ``i``'s class is held out."""
+    """Every photo (``dataset``, with the test transform), its finest label, class names and the validation split
+    (:mod:`rankopt.fit.validation`)."""
 
     dataset: RetrievalDataset
     labels: np.ndarray
     class_names: list[str]
-    validation: np.ndarray
+    split: ValidationSplit
 
-    @property
-    def training(self) -> np.ndarray:
-        return ~self.validation
-
-    def part(self, mask: np.ndarray, name: str) -> RetrievalDataset:
-        """The photos of ``mask`` as a dataset split named ``name``."""
-        return subset(self.dataset, np.flatnonzero(mask), name)
-
-    def summary(self) -> str:
-        held = np.unique(self.labels[self.validation]).size
-        return (f"{len(self.labels):,} photos in {len(self.class_names)} classes; {held} classes "
-                f"({int(self.validation.sum()):,} photos) held out for validation")
+    def part(self, rows: np.ndarray, name: str) -> RetrievalDataset:
+        """The photos ``rows`` as a dataset split named ``name``."""
+        return subset(self.dataset, rows, name)
 
 
 def read_photos(source: str | os.PathLike[str], transform: Any) -> RetrievalDataset:
@@ -73,25 +63,21 @@ def read_photos(source: str | os.PathLike[str], transform: Any) -> RetrievalData
     return dataset
 
 
-def split_photos(dataset: RetrievalDataset, fraction: float, seed: int) -> Photos:
-    """Hold out ``fraction`` of the classes (at least 2, each with 2+ photos so that it can be queried),
-    drawn with ``seed``; the rest train."""
+def split_photos(dataset: RetrievalDataset, seed: int, fraction: float = KNOWN_FRACTION) -> Photos:
+    """The photos with their validation split drawn with ``seed``, ``fraction`` of each class's photos kept back and
+    of the classes held out (:func:`rankopt.fit.validation.make_split`)."""
     labels = np.asarray(dataset.labels)[:, 0]
     names = list(dataset.metadata.get("label_names", [[]])[0]) or [str(c) for c in np.unique(labels)]
-    classes, counts = np.unique(labels, return_counts=True)
-    if classes.size < MIN_CLASSES:
-        raise ValueError(f"{classes.size} class(es): a fit needs at least {MIN_CLASSES} classes (2 to validate on, "
-                         "2 to train on), each in its own folder")
-    queryable = classes[counts >= 2]
-    if queryable.size < 2:
-        raise ValueError("fewer than 2 classes have 2 or more photos: nothing to validate on")
-    wanted = max(2, round(fraction * classes.size))
-    held = held_out_classes(queryable, min(wanted, queryable.size - 1) / queryable.size, seed=seed)
-    return Photos(dataset, labels, names, np.isin(labels, held))
+    return Photos(dataset, labels, names, make_split(labels, names, seed, known_fraction=fraction,
+                                                        open_fraction=fraction))
 
 
 def save_split(photos: Photos, folder: str | os.PathLike[str]) -> None:
-    """``folder/classes/{train,validation}.txt``: one class name per line."""
-    for side, mask in (("train", photos.training), ("validation", photos.validation)):
-        names = sorted({photos.class_names[c] for c in np.unique(photos.labels[mask])})
-        write_text_atomic(Path(folder) / "classes" / f"{side}.txt", "".join(f"{n}\n" for n in names))
+    """``folder/classes/{train,validation}.txt`` (the classes trained on, the classes held out whole: one name a
+    line) and ``folder/classes/kept_back.txt`` (the photos never trained on while validating: one path a line)."""
+    split, out = photos.split, Path(folder) / "classes"
+    for side, rows in (("train", split.train), ("validation", split.new_gallery)):
+        names = sorted({photos.class_names[c] for c in np.unique(photos.labels[rows])})
+        write_text_atomic(out / f"{side}.txt", "".join(f"{n}\n" for n in names))
+    kept = np.union1d(split.known_queries, split.new_queries)
+    write_text_atomic(out / "kept_back.txt", "".join(f"{photos.dataset.paths[r]}\n" for r in kept))

@@ -1,8 +1,10 @@
-"""Post-processing chosen on the validation classes: whitening, then DBA, then αQE, each kept only if it helps.
+"""Post-processing chosen on validation: whitening, then DBA, then αQE, each kept only if it helps.
 
-Scoring is self-retrieval on the validation photos (each query excluded from its own results and from its
-own expansion). Whitening is fitted on the *training* classes' embeddings, never on the photos it is scored
-on. Greedy order, as the steps apply: the best whitening (none, PCA, supervised, each with a shrinkage)
+A fit scores each candidate as the index is searched (:func:`choose_for_protocols`: the validation queries of one
+protocol against the validation index, :mod:`rankopt.fit.validation`), once per protocol, so a step that helps
+one protocol and hurts the other is seen as such; the benchmarks score the papers' self-retrieval
+(:func:`choose_postprocessing`). Whitening is fitted on the *training* photos' embeddings, never on the photos it
+is scored on. Greedy order, as the steps apply: the best whitening (none, PCA, supervised, each with a shrinkage)
 by validation mAP@R, then DBA ``(k, α)`` with it, then αQE with both; a step is kept only when it raises
 validation mAP@R (DBA is skipped on request). The grids are those of ``benchmarks/landmark_toolbox.py`` (ICCV'19 §5
 and its validated variants); results on Caltech-101 in ``benchmarks/results/landmark_toolbox_caltech101.md``.
@@ -12,7 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -20,10 +22,16 @@ import torch
 
 from rankopt.config import EvalConfig
 from rankopt.engine.embed_and_score import CATEGORY, EmbeddedSplit, score
-from rankopt.postprocess import Expansion, PostProcessing, Whitening, fit_pca_whitening, fit_supervised_whitening
+from rankopt.fit import validation
+from rankopt.fit.validation import METRICS, SELECT_ON, ValidationSplit
+from rankopt.postprocess import (
+    Expansion,
+    PostProcessing,
+    Whitening,
+    fit_pca_whitening,
+    fit_supervised_whitening,
+)
 
-METRICS = ("map@r", "recall@1")
-SELECT_ON = "map@r"  # what every choice of a fit is made on: validation mAP@R (tune, post, framing, the page)
 STABILITY_NOISE, STABILITY_COSINE = 1e-5, 0.999
 SHRINKAGES = (0.1, 0.3, 0.6)
 """Never 0: an unshrunk whitening divides by the smallest eigenvalues, so float noise of 1e-6 between two
@@ -31,8 +39,6 @@ computations of one embedding (cached trunk vs a query's forward) could turn int
 PCA_POWER = 0.5
 EXPANSION_KS = (1, 2, 3, 5, 10)
 EXPANSION_ALPHAS = (1.0, 2.0, 3.0)
-MIN_GAIN_SE = 1.0
-"""The fitted pipeline is served when its validation gain exceeds this many standard errors (:func:`served_pipeline`)."""
 
 
 def stable(whitening: Whitening, x: torch.Tensor, noise: float = STABILITY_NOISE) -> bool:
@@ -100,7 +106,7 @@ def score_self_retrieval(x: torch.Tensor, labels: np.ndarray, post: PostProcessi
                          ) -> dict[str, float] | tuple[dict, dict]:
     """``{metric: value}`` of self-retrieval among ``x`` with ``post`` (whitening, DBA, αQE) applied, as
     ``rankopt evaluate`` scores it (:func:`rankopt.engine.embed_and_score.score`); with ``categories`` (one per
-    row) also ``{category: {metric: value}}``."""
+    row) also ``{category: {metric: value}}``. The papers' protocol: the benchmarks' scores."""
     y = torch.as_tensor(np.asarray(labels)).long().reshape(len(labels), -1)
     split = EmbeddedSplit(x, y, [], {} if categories is None else {CATEGORY: list(categories)})
     result = score([split], EvalConfig(), metrics=list(metrics), postprocessing=post)
@@ -109,62 +115,65 @@ def score_self_retrieval(x: torch.Tensor, labels: np.ndarray, post: PostProcessi
     return dict(result.metrics), {name: dict(r.metrics) for name, r in result.by_category.items()}
 
 
-def choose_postprocessing(train_x: torch.Tensor, train_labels: np.ndarray, val_x: torch.Tensor,
-                          val_labels: np.ndarray, *, dba: bool = True,
-                          ks: Sequence[int] = EXPANSION_KS) -> PostChoice:
-    """The greedy choice on validation (module docstring); ``train_*`` fit the whitenings; ``dba=False``: DBA is
-    not tried; ``ks``: the neighbour counts tried for DBA and αQE."""
+def choose_steps(train_x: torch.Tensor, train_labels: np.ndarray, evaluate: Callable[[PostProcessing], float], *,
+                 dba: bool = True, ks: Sequence[int] = EXPANSION_KS) -> PostChoice:
+    """The greedy choice (module docstring): ``evaluate(steps)`` scores a candidate on validation, ``train_*`` fit
+    the whitenings; ``dba=False``: DBA is not tried; ``ks``: the neighbour counts tried for DBA and αQE. The
+    choice's :attr:`PostChoice.metrics` is ``{SELECT_ON: value}`` of the chosen steps."""
     tried: list[tuple[str, float]] = []
 
-    def score(post: PostProcessing, what: str) -> float:
-        value = score_self_retrieval(val_x, val_labels, post)[SELECT_ON]  # type: ignore[index]
+    def scored(post: PostProcessing, what: str) -> float:
+        value = evaluate(post)
         tried.append((what, value))
         return value
 
-    base = score(PostProcessing(), "none")
-    best_w, best_white, best = None, None, base
+    best_value = scored(PostProcessing(), "none")
+    best_w, best_white = None, None
     for kind, shrinkage in itertools.product(("pca", "supervised"), SHRINKAGES):
         choice = WhiteningChoice(kind, shrinkage)
         fitted = choice.fit(train_x, train_labels, "training classes")
         if fitted is None:
             tried.append((f"{choice.describe()}: singular or unstable, skipped", float("nan")))
             continue
-        value = score(PostProcessing(None, fitted), choice.describe())
-        if value > best:
-            best_w, best_white, best = choice, fitted, value
+        value = scored(PostProcessing(None, fitted), choice.describe())
+        if value > best_value:
+            best_w, best_white, best_value = choice, fitted, value
     best_dba = None
     for k, alpha in itertools.product(ks if dba else (), EXPANSION_ALPHAS):
-        value = score(PostProcessing(None, best_white, Expansion(k, alpha)), f"DBA k={k} alpha={alpha:g}")
-        if value > best:
-            best_dba, best = Expansion(k, alpha), value
+        value = scored(PostProcessing(None, best_white, Expansion(k, alpha)), f"DBA k={k} alpha={alpha:g}")
+        if value > best_value:
+            best_dba, best_value = Expansion(k, alpha), value
     best_qe = None
     for k, alpha in itertools.product(ks, EXPANSION_ALPHAS):
-        value = score(PostProcessing(None, best_white, best_dba, Expansion(k, alpha)), f"αQE k={k} alpha={alpha:g}")
-        if value > best:
-            best_qe, best = Expansion(k, alpha), value
-    metrics = score_self_retrieval(val_x, val_labels, PostProcessing(None, best_white, best_dba, best_qe))
-    return PostChoice(best_w, best_dba, best_qe, metrics, tried, best_white)  # type: ignore[arg-type]
+        value = scored(PostProcessing(None, best_white, best_dba, Expansion(k, alpha)), f"αQE k={k} alpha={alpha:g}")
+        if value > best_value:
+            best_qe, best_value = Expansion(k, alpha), value
+    return PostChoice(best_w, best_dba, best_qe, {SELECT_ON: best_value}, tried, best_white)
 
 
-def per_class_gain(base_by_class: dict[str, dict[str, float]], other_by_class: dict[str, dict[str, float]]
-                   ) -> tuple[float, float, bool]:
-    """``(ḡ, se, clear)``: the mean gain ``ḡ = mean_c(mAP@R_other(c) − mAP@R_base(c))`` over the validation
-    classes, its standard error, and whether it is positive and over :data:`MIN_GAIN_SE` standard errors (a smaller
-    gain is not told from the luck of these classes)."""
-    gains = np.array([other_by_class[c][SELECT_ON] - base_by_class[c][SELECT_ON] for c in base_by_class])
-    mean = float(gains.mean())
-    se = float(gains.std(ddof=1) / np.sqrt(gains.size)) if gains.size > 1 else float("inf")
-    return mean, se, mean > 0 and mean > MIN_GAIN_SE * se
+def choose_postprocessing(train_x: torch.Tensor, train_labels: np.ndarray, val_x: torch.Tensor,
+                          val_labels: np.ndarray, *, dba: bool = True,
+                          ks: Sequence[int] = EXPANSION_KS) -> PostChoice:
+    """:func:`choose_steps` scored by self-retrieval among ``val_x`` (the papers' open-set protocol; its
+    :attr:`PostChoice.metrics` hold every metric of :data:`METRICS`)."""
+    choice = choose_steps(train_x, train_labels,
+                          lambda post: score_self_retrieval(val_x, val_labels, post)[SELECT_ON],  # type: ignore[index]
+                          dba=dba, ks=ks)
+    choice.metrics = score_self_retrieval(val_x, val_labels, choice.steps(choice.fitted))  # type: ignore[assignment]
+    return choice
 
 
-def served_pipeline(features_by_class: dict[str, dict[str, float]],
-                    fitted_by_class: dict[str, dict[str, float]]) -> tuple[str, str]:
-    """``("fitted" | "features", why)``: the fitted model's pipeline, each with its chosen post-processing, is
-    served when its gain per validation class over the features' pipeline is clear (:func:`per_class_gain`), else
-    the untrained pipeline is."""
-    mean, se, clear = per_class_gain(features_by_class, fitted_by_class)
-    said = (f"fine-tuning adds {mean:+.4f} mAP@R per validation class on top of post-processing (standard error "
-            f"{se:.4f}, {len(features_by_class)} classes)")
-    if clear:
-        return "fitted", f"{said}: the fitted pipeline is served"
-    return "features", f"{said}, not more than {MIN_GAIN_SE:g} standard error: the untrained pipeline is served"
+def choose_for_protocols(x: torch.Tensor, split: ValidationSplit, *, dba: bool = True,
+                         ks: Sequence[int] = EXPANSION_KS) -> dict[str, PostChoice]:
+    """For each protocol of ``split``, the steps chosen on its queries against the validation index
+    (:func:`rankopt.fit.validation.score`), the whitenings fitted on the training photos of the validation index
+    (``x``: the embeddings of :attr:`ValidationSplit.rows`). The choice's metrics are those of its own protocol."""
+    train_rows = np.intersect1d(split.train, split.gallery)  # the training photos the validation index holds
+    train_x, train_labels = x[split.positions(train_rows)], split.labels[train_rows]
+    choices = {}
+    for protocol in split.protocols:
+        choice = choose_steps(train_x, train_labels,
+                              lambda post, p=protocol: validation.score(x, split, p, post).value, dba=dba, ks=ks)
+        choice.metrics = validation.score(x, split, protocol, choice.steps(choice.fitted)).metrics
+        choices[protocol] = choice
+    return choices

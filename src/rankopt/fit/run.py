@@ -1,24 +1,27 @@
 """``fit``: photos in, a validated model and a served index out, within a time budget.
 
-Stages (each prints one line with its time and the work left, :mod:`rankopt.fit.clock`):
+The stages (each prints one line with its time and the work left, :mod:`rankopt.fit.clock`):
 
-1. ``check``: every photo opened (bad files refused, each named) before a model is loaded;
-2. ``model``: the pretrained backbone (by name from rankopt's cache, or a file), cut into a fixed trunk and a
-   trainable tail (:mod:`rankopt.fit.trunk`); classes held out for validation, saved in ``RUN/classes``;
-   ``framing``: the model's centre crop or the whole photo, chosen on validation (:mod:`rankopt.fit.framing`);
-3. ``trunk``: the trunk's outputs of every photo, once (and mirrored for the training photos when the budget
-   allows);
-4. ``features``: the pretrained embeddings, scored on the validation classes, and their post-processing chosen
-   there (:mod:`rankopt.fit.post`; its time plans the fitted model's);
-5. ``tune``: the tail fine-tuned by a rank loss, the learning rate chosen on validation (:mod:`rankopt.fit.tune`);
-   ``refit``: the chosen recipe (loss, learning rate, steps) run again from the pretrained state on every class,
-   the validation ones included (``--no-refit``: not), the fine-tuned model from then on;
-6. ``post``: whitening, DBA, αQE chosen on validation for the fitted model, as for the features; the fitted
-   pipeline is served only when it beats the features' pipeline on the validation classes by more than the luck
-   of those classes (:func:`rankopt.fit.post.served_pipeline`), so never worse than the features;
-7. ``index``: every photo's embedding with the chosen model and steps in ``RUN/index`` (a normal index), the
-   model in ``RUN/model.ckpt``;
-8. ``report``: ``RUN/fit.json`` and ``RUN/report.html`` (:mod:`rankopt.fit.page`).
+1. ``check``: every photo opened (bad files refused, each named) before a model is loaded; the validation split
+   (:mod:`rankopt.fit.validation`: a share of every class's photos kept back as new photos of known classes and,
+   where the folder has enough classes, whole classes held out as new classes);
+2. ``model``: the pretrained backbone, cut into a fixed trunk and a trainable tail (:mod:`rankopt.fit.trunk`);
+   ``framing``: the model's centre crop or the whole photo (:mod:`rankopt.fit.framing`);
+3. ``trunk``: the trunk's outputs of every photo, once (and mirrored for the training photos when the budget allows);
+4. ``features``: the pretrained embeddings scored as the index is searched, and their post-processing chosen for
+   each kind of query (:func:`rankopt.fit.post.choose_for_protocols`);
+5. ``tune``: the tail fine-tuned by a rank loss on the training photos, the learning rate and state chosen on
+   validation (:mod:`rankopt.fit.tune`);
+6. ``post``: post-processing chosen for each fine-tuned state as for the features; the served pipeline chosen by the
+   searches the person states (``--queries``, :func:`rankopt.fit.validation.choose_served`);
+7. ``refit``: the chosen recipe (loss, learning rate, steps) run again from the pretrained state on every photo,
+   kept-back photos and held-out classes included (``--no-refit``: not);
+8. ``scales``: multi-scale tried when the budget allows (:mod:`rankopt.fit.scales`);
+9. ``index``: every photo's embedding with the served pipeline in ``RUN/index``, the model in ``RUN/model.ckpt``;
+10. ``report``: ``RUN/fit.json`` (:mod:`rankopt.fit.record`) and ``RUN/report.html`` (:mod:`rankopt.fit.page`).
+
+Until the report is written the run folder holds ``fit.unfinished.json`` (:mod:`rankopt.layout`), so that a fit
+stopped part-way is never served.
 """
 
 from __future__ import annotations
@@ -28,407 +31,466 @@ import json
 import os
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
-from rankopt.config import config_to_dict
+from rankopt import layout
 from rankopt.data.transforms import build_transform
 from rankopt.describe import machine_info
-from rankopt.engine.assembly import model_from_checkpoint, resolve_device, seed_everything
-from rankopt.engine.checkpoint import save_model_checkpoint
-from rankopt.engine.embed_and_score import EmbeddedSplit
+from rankopt.engine.assembly import (
+    model_from_checkpoint,
+    resolve_device,
+    seed_everything,
+)
 from rankopt.files import write_text_atomic
 from rankopt.fit.clock import Clock, clock_text
-from rankopt.fit.framing import choose_framing
+from rankopt.fit.framing import FramingChoice, choose_framing
+from rankopt.fit.output import save_index, save_model, served_text, steps_text
 from rankopt.fit.page import write_report
 from rankopt.fit.photos import Photos, read_photos, save_split, split_photos
-from rankopt.fit.post import (
-    SHRINKAGES,
-    PostChoice,
-    WhiteningChoice,
-    choose_postprocessing,
-    score_self_retrieval,
-    served_pipeline,
-)
+from rankopt.fit.post import PostChoice, choose_for_protocols
+from rankopt.fit.record import FitRecord, pipeline_record, split_record, tuning_record
 from rankopt.fit.scales import BUDGET_SHARE as SCALES_BUDGET_SHARE
 from rankopt.fit.scales import MultiScaleTrial, estimated_seconds, try_multiscale
-from rankopt.fit.sizing import CPU_BATCH, Sizing, size_for
-from rankopt.fit.trunk import TrunkCache, embed_cached, final_resolution_cut, trunk_outputs
-from rankopt.fit.tune import Candidate, TuneResult, load_trainable, retrain, trainable_state, tune
+from rankopt.fit.settings import FitSettings, check_run_folder
+from rankopt.fit.sizing import Sizing, size_for
+from rankopt.fit.trunk import (
+    TailStates,
+    TrunkCache,
+    embed_cached,
+    final_resolution_cut,
+    trainable_state,
+    trunk_outputs,
+)
+from rankopt.fit.tune import BestState, Candidate, TuneResult, retrain, tune
+from rankopt.fit.validation import (
+    KNOWN,
+    NEW,
+    QUERIES,
+    Pipeline,
+    choose_served,
+    score_all,
+)
 from rankopt.fit.weights import resolve_checkpoint
 from rankopt.models.multiscale import DEFAULT_SCALES
 from rankopt.models.stages import cut
-from rankopt.postprocess import PostProcessing
-from rankopt.search.embedder import Embedder
 from rankopt.search.index import Index
 
 SMALL_VALIDATION_CLASSES, SMALL_VALIDATION_PHOTOS = 5, 100
 """Below either, the report says that validation is too small to trust small differences."""
-PARITY_TOLERANCE = 1e-3
-"""Largest difference allowed between a photo's indexed vector and its embedding by the saved model."""
 RESERVE_S = 15.0
 """Seconds kept for saving the index, the model and the report (1-6 s on Caltech-101's 8,242 photos)."""
 POST_MARGIN = 1.25
-"""The fitted model's post-processing choice is planned at this multiple of the features' (measured)."""
+"""Each fine-tuned model's post-processing choice is planned at this multiple of the features' (measured)."""
 NO_TIME_S = 1.0
 """Below this many seconds for the tuning, the fit says that the budget left no time to fine-tune."""
 TRUNK_SHARE = 0.5
 """Above this share of the budget for one pass over the photos, the fit warns that little time is left to train."""
-FINE_TUNED = "fine_tuned.ckpt"
-"""The fine-tuned model when the features are served instead (``model.ckpt`` is always the served one)."""
 TUNE_SPARE, REFIT_SPARE = 0.05, 0.02
 """Shares of the budget left unplanned after the tuning (for the retraining to run over its estimate) and after
 the retraining (for the stages after it)."""
 REFIT_MARGIN = 1.2
-"""The time kept for retraining, as a multiple of the chosen steps' time (scaled to every class's photos)."""
+"""The time kept for retraining, as a multiple of the chosen steps' time (scaled to every photo)."""
 MIRROR_SHARE = 0.25
 """The mirrored training copies are computed when they take at most this share of the budget left."""
 FRAMING_COST = 2.5
-"""The framing choice's time, as a multiple of the validation photos' pass through the trunk (two framings through
-the whole network)."""
+"""The framing choice's time, as a multiple of its photos' pass through the trunk (two framings, whole network)."""
+FEATURES = "features"
+"""The pretrained model's name among the pipelines; a fine-tuned state's is :func:`_tuned_name`'s."""
 
 
-@dataclass(frozen=True)
-class FitSettings:
-    """What ``rankopt fit`` takes besides the photos and the run folder."""
+@dataclass
+class _Fit:
+    """The explicit state of one fit, filled stage by stage."""
 
-    minutes: float = 10.0
-    backbone: str = "mobilenet_v2"
-    weights: str | None = None
-    seed: int = 0
-    device: str = "auto"
-    validation_fraction: float = 0.2
-    losses: tuple[str, ...] = ("sup_ap",)
-    lrs: tuple[float, ...] = (1e-5, 3e-5, 1e-4)
-    """Adam learning rates tried: Caltech-101's benchmark grid (docs/benchmarks.md). A first fit grid one step higher
-    (3e-5, 1e-4, 3e-4) ranked them 3e-5 > 1e-4 > 3e-4 on a fit's validation classes, its best state early (step 109
-    of 516): the grid moved back down (benchmarks/results/fit.md)."""
-    batch_size: int = 64
-    m: int = 4
-    dba: bool = True
-    """Whether DBA is tried on validation (the index stays changeable: its vectors are recomputed on a change)."""
-    refit: bool = True
-    """Whether the chosen recipe (loss, learning rate, steps) is run again on every class, the validation ones
-    included, for the served model (:func:`rankopt.fit.tune.retrain`; the steps scaled by the photos added)."""
+    settings: FitSettings
+    source: str
+    folder: Path
+    clock: Clock
+    device: torch.device
+    photos: Photos
+    checkpoint: Path = Path()
+    net: Any = None
+    cfg: Any = None
+    trunk: Any = None
+    states: TailStates | None = None
+    sizing: Sizing | None = None
+    pass_s: float = 0.0
+    rate: float = 1.0
+    framing: FramingChoice = field(default_factory=lambda: FramingChoice(""))
+    features: torch.Tensor | None = None
+    pipelines: list[Pipeline] = field(default_factory=list)
+    choices: dict[tuple[str, str], PostChoice] = field(default_factory=dict)
+    tuned: TuneResult | None = None
+    tuned_states: dict[str, BestState] = field(default_factory=dict)
+    served: Pipeline | None = None
+    why: list[str] = field(default_factory=list)
+    refit: dict[str, Any] | None = None
+    post_s: float = 0.0
+    tail_s: float = 0.0
+    """Seconds of one pass of every photo through the tail (the index's embedding)."""
 
+    @property
+    def split(self):
+        return self.photos.split
 
-def check_run_folder(out: str | os.PathLike[str]) -> Path:
-    """``out`` as a new run folder: refused when it exists with anything in it (nothing is overwritten)."""
-    folder = Path(out).expanduser()
-    if folder.exists() and (not folder.is_dir() or any(folder.iterdir())):
-        raise FileExistsError(f"run folder {str(folder)!r} already exists and is not empty: choose a new --out")
-    return folder
-
-
-def _validation_scores(x: torch.Tensor, photos: Photos, rows: np.ndarray, post: PostProcessing | None = None
-                       ) -> tuple[dict[str, float], dict[str, dict[str, float]]]:
-    names = [photos.class_names[c] for c in photos.labels[rows]]
-    return score_self_retrieval(x, photos.labels[rows], post, categories=names)  # type: ignore[return-value]
+    @property
+    def all_rows(self) -> np.ndarray:
+        return np.arange(len(self.photos.labels))
 
 
 def fit(photos_source: str | os.PathLike[str], out: str | os.PathLike[str], settings: FitSettings = FitSettings(),
         *, say: Callable[[str], None] = print) -> dict[str, Any]:
     """Run every stage (module docstring); returns what ``RUN/fit.json`` holds."""
-    folder = check_run_folder(out)
+    if settings.queries not in QUERIES:
+        raise ValueError(f"queries must be one of {', '.join(QUERIES)}, got {settings.queries!r}")
+    folder = check_run_folder(out, settings.overwrite)
     clock = Clock(settings.minutes * 60.0, say)
     seed_everything(settings.seed)
-    device = resolve_device(settings.device)
     with clock.stage("check") as stage:
         dataset = read_photos(photos_source, None)
-        photos = split_photos(dataset, settings.validation_fraction, settings.seed)
-        stage["done"] = photos.summary()
-    with clock.stage("model") as stage:
-        checkpoint = resolve_checkpoint(settings.backbone, settings.weights, say=clock.line)
-        net, cfg = model_from_checkpoint(checkpoint, device)
-        dataset.transform = build_transform(cfg.data.test_transform, cfg.data.image_size)
-        folder.mkdir(parents=True, exist_ok=True)
-        save_split(photos, folder)
+        photos = split_photos(dataset, settings.seed, settings.validation_fraction)
+        stage["done"] = photos.split.summary()
+    folder.mkdir(parents=True, exist_ok=True)
+    mark = lambda name: layout.write_unfinished(folder, stage=name, photos=str(photos_source), out=str(folder))
+    mark("model")
+    clock.on_stage = mark
+    run = _Fit(settings, str(photos_source), folder, clock, resolve_device(settings.device), photos)
+    _model(run)
+    _frame_and_cache(run)
+    _features(run)
+    _tune(run)
+    _choose(run)
+    if settings.refit:
+        _refit(run)
+    embeddings, choice, scales, trial = _scales(run)
+    with clock.stage("index") as stage:
+        index = _save_model_and_index(run, embeddings, choice, scales)
+        stage["done"] = f"{len(index):,} photos in {folder / layout.INDEX_DIR} ({index.dim}-d, {steps_text(index)})"
+    with clock.stage("report") as stage:
+        record = _record(run, index, choice, scales, trial)
+        write_text_atomic(folder / layout.FIT_JSON, json.dumps(record.to_json(), indent=2) + "\n")
+        write_report(folder, record, photos, _example_embeddings(run))
+        stage["done"] = f"{folder / layout.REPORT_HTML}, {folder / layout.FIT_JSON}"
+    record.seconds = {**clock.seconds, "total": clock.elapsed()}
+    write_text_atomic(folder / layout.FIT_JSON, json.dumps(record.to_json(), indent=2) + "\n")
+    layout.clear_unfinished(folder)
+    clock.line(f"finished in {clock_text(clock.elapsed())} (budget {clock_text(clock.budget_s)}): "
+               f"rankopt serve {folder}")
+    return record.to_json()
+
+
+def _model(run: _Fit) -> None:
+    """The ``model`` stage: the pretrained network, its transform, its cut into trunk and tail; the split saved."""
+    with run.clock.stage("model") as stage:
+        run.checkpoint = resolve_checkpoint(run.settings.backbone, run.settings.weights, say=run.clock.line)
+        run.net, run.cfg = model_from_checkpoint(run.checkpoint, run.device)
+        dataset = run.photos.dataset
+        dataset.transform = build_transform(run.cfg.data.test_transform, run.cfg.data.image_size)
+        save_split(run.photos, run.folder)
         size = tuple(dataset[0]["image"].shape[-2:])
-        net.freeze_bn = True
-        at = final_resolution_cut(net.cpu(), size)  # type: ignore[arg-type]
-        net.to(device)
-        trunk, tail = cut(net, at)
-        for p in trunk.parameters():
+        run.net.freeze_bn = True
+        at = final_resolution_cut(run.net.cpu(), size)  # type: ignore[arg-type]
+        run.net.to(run.device)
+        run.trunk, tail = cut(run.net, at)
+        for p in run.trunk.parameters():
             p.requires_grad_(False)
+        run.states = TailStates(tail, TrunkCache(torch.empty(0), ()))
         trainable = sum(p.numel() for p in tail.parameters() if p.requires_grad)
-        stage["done"] = (f"{cfg.model.backbone} at {size[0]}x{size[1]} px: the last {len(tail.stages)} of "
+        stage["done"] = (f"{run.cfg.model.backbone} at {size[0]}x{size[1]} px: the last {len(tail.stages)} of "
                          f"{at + len(tail.stages)} stages and the head fine-tuned ({trainable / 1e6:.2f} M parameters)")
-    rows_all = np.arange(len(dataset))
-    train_rows, val_rows = np.flatnonzero(photos.training), np.flatnonzero(photos.validation)
     with torch.no_grad():
-        sizing = size_for(device, trunk.eval()(dataset[0]["image"].unsqueeze(0).to(device)).numel())
-        sizing.check_cache(len(dataset))
+        run.sizing = size_for(run.device, run.trunk.eval()(dataset[0]["image"].unsqueeze(0).to(run.device)).numel())
+        run.sizing.check_cache(len(dataset))
+        count = min(run.sizing.trunk_batch, len(dataset))
         began = time.monotonic()  # one batch, decoding included: the time every photo will take
-        trunk(torch.stack([dataset[i]["image"] for i in range(min(sizing.trunk_batch, len(dataset)))]).to(device))
-        expected = len(dataset) * (time.monotonic() - began) / min(sizing.trunk_batch, len(dataset))
-    clock.plan("framing", FRAMING_COST * expected * len(val_rows) / len(dataset))
-    clock.plan("trunk", expected)
+        run.trunk(torch.stack([dataset[i]["image"] for i in range(count)]).to(run.device))
+        run.pass_s = len(dataset) * (time.monotonic() - began) / count
+
+
+def _frame_and_cache(run: _Fit) -> None:
+    """The ``framing`` stage (on the photos kept back, through the pretrained network) and the ``trunk`` stage."""
+    clock, split, dataset, sizing = run.clock, run.split, run.photos.dataset, run.sizing
+    assert sizing is not None and run.states is not None
+    framed = np.union1d(split.never_trained(), split.known_queries)
+    clock.plan("framing", FRAMING_COST * run.pass_s * framed.size / len(dataset))
+    clock.plan("trunk", run.pass_s)
     with clock.stage("framing") as stage:
-        framing = choose_framing(net, photos.part(photos.validation, "validation"), photos.labels[val_rows],
-                                 photos.class_names, cfg.data.test_transform, cfg.data.image_size, device=device,
-                                 batch_size=sizing.trunk_batch, workers=sizing.workers)
-        cfg = dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, test_transform=framing.preset))
-        dataset.transform = build_transform(framing.preset, cfg.data.image_size)
-        stage["done"] = framing.note
-    if expected > TRUNK_SHARE * clock.left():
+        run.framing = choose_framing(run.net, run.photos.part(framed, "kept back"), split.labels[framed],
+                                     split.class_names, run.cfg.data.test_transform, run.cfg.data.image_size,
+                                     device=run.device, batch_size=sizing.trunk_batch, workers=sizing.workers)
+        run.cfg = dataclasses.replace(run.cfg, data=dataclasses.replace(run.cfg.data,
+                                                                         test_transform=run.framing.preset))
+        dataset.transform = build_transform(run.framing.preset, run.cfg.data.image_size)
+        stage["done"] = run.framing.note
+    if run.pass_s > TRUNK_SHARE * clock.left():
         clock.line(f"warning: passing the {len(dataset):,} photos through the network once takes about "
-                   f"{clock_text(expected)} here, most of the {clock_text(clock.budget_s)} budget: the fine-tuning "
+                   f"{clock_text(run.pass_s)} here, most of the {clock_text(clock.budget_s)} budget: the fine-tuning "
                    "gets little time (a larger --minutes gives it more)")
+    kw = {"device": run.device, "batch_size": sizing.trunk_batch, "workers": sizing.workers}
     with clock.stage("trunk") as stage:
         began = time.monotonic()
-        center, shape = trunk_outputs(trunk, dataset, device=device, batch_size=sizing.trunk_batch,
-                                      workers=sizing.workers)
-        rate = len(dataset) / max(time.monotonic() - began, 1e-6)
+        center, shape = trunk_outputs(run.trunk, dataset, **kw)  # type: ignore[arg-type]
+        run.rate = len(dataset) / max(time.monotonic() - began, 1e-6)
         cache = TrunkCache(center, shape)
-        mirror_cost = len(train_rows) / rate
-        if mirror_cost <= MIRROR_SHARE * clock.left() and \
-                sizing.cache_bytes(len(dataset) + len(train_rows)) <= sizing.cache_budget:
-            cache.mirrored, _ = trunk_outputs(trunk, photos.part(photos.training, "train"), device=device,
-                                              batch_size=sizing.trunk_batch, workers=sizing.workers, mirror=True,
-                                              desc="trunk (mirrored)")
-            cache.rows = train_rows
-        stage["done"] = (f"{len(dataset):,} photos at {rate:.0f}/s, {'with' if cache.mirrored is not None else 'without'}"
-                         f" mirrored copies of the training photos ({cache.nbytes() / 2**20:.0f} MiB)")
-    clock.plan("features", len(dataset) / rate * 0.2)
-    clock.plan("tune", 0.5 * clock.left())
-    with clock.stage("features") as stage:
-        began = time.monotonic()
-        features = embed_cached(tail, cache, rows_all)
-        tail_rate = len(rows_all) / max(time.monotonic() - began, 1e-6)
-        features_val, features_by_class = _validation_scores(features[val_rows], photos, val_rows)
-        began = time.monotonic()
-        WhiteningChoice("supervised", SHRINKAGES[0]).fit(features[train_rows], photos.labels[train_rows], "timing")
-        whitening_s = time.monotonic() - began
-        began = time.monotonic()  # the features' pipeline now: its time is what the fitted model's will take
-        choices = {"features": choose_postprocessing(features[train_rows], photos.labels[train_rows],
-                                                     features[val_rows], photos.labels[val_rows], dba=settings.dba)}
-        post_s = time.monotonic() - began
-        stage["done"] = (f"pretrained features on validation: mAP@R {features_val['map@r']:.4f}, "
-                         f"R@1 {features_val['recall@1']:.4f}; with {choices['features'].describe()}: mAP@R "
-                         f"{choices['features'].metrics['map@r']:.4f}")
+        if split.train.size / run.rate <= MIRROR_SHARE * clock.left() and \
+                sizing.cache_bytes(len(dataset) + split.train.size) <= sizing.cache_budget:
+            cache.mirrored, _ = trunk_outputs(run.trunk, run.photos.part(split.train, "train"), mirror=True,
+                                              desc="trunk (mirrored)", **kw)  # type: ignore[arg-type]
+            cache.rows = split.train
+        run.states.cache = cache
+        stage["done"] = (f"{len(dataset):,} photos at {run.rate:.0f}/s, "
+                         f"{'with' if cache.mirrored is not None else 'without'} mirrored copies of the training "
+                         f"photos ({cache.nbytes() / 2**20:.0f} MiB)")
 
-    def validate() -> dict[str, float]:
-        return score_self_retrieval(embed_cached(tail, cache, val_rows), photos.labels[val_rows])  # type: ignore
 
-    clock.plan("post", POST_MARGIN * post_s)  # the fitted model's choice
-    clock.plan("index", len(rows_all) / tail_rate + whitening_s + RESERVE_S)
-    scales_s = estimated_seconds(len(rows_all), rate)
-    one_size = getattr(net.backbone, "fixed_input_size", None) is not None
-    scales_s += POST_MARGIN * post_s  # the pass, then its post-processing choice
-    multiscale = not one_size and scales_s <= SCALES_BUDGET_SHARE * clock.budget_s
-    if multiscale:
+def _add_pipelines(run: _Fit, model: str, x: torch.Tensor) -> None:
+    """The pipelines of ``model`` (validation embeddings ``x``): alone, and with the post-processing chosen for each
+    protocol (a choice equal to one already listed is not repeated)."""
+    split = run.split
+    run.pipelines.append(Pipeline(model, None, score_all(x, split), "none"))
+    listed = {"none"}
+    for protocol, choice in choose_for_protocols(x, split, dba=run.settings.dba).items():
+        run.choices[model, protocol] = choice
+        if choice.describe() not in listed:
+            listed.add(choice.describe())
+            run.pipelines.append(Pipeline(model, protocol, score_all(x, split, choice.steps(choice.fitted)),
+                                          choice.describe()))
+
+
+def _features(run: _Fit) -> None:
+    """The ``features`` stage: the pretrained embeddings of every photo and the features' pipelines."""
+    assert run.states is not None
+    run.clock.plan("features", run.pass_s * 0.2)
+    run.clock.plan("tune", 0.5 * run.clock.left())
+    with run.clock.stage("features") as stage:
+        began = time.monotonic()
+        run.features = run.states.embed(TailStates.PRETRAINED, run.all_rows)
+        run.tail_s = time.monotonic() - began
+        began = time.monotonic()
+        _add_pipelines(run, FEATURES, run.features[torch.as_tensor(run.split.rows)])
+        run.post_s = time.monotonic() - began
+        stage["done"] = "pretrained features on validation: " + "; ".join(_scores_text(p) for p in run.pipelines)
+
+
+def _scores_text(pipeline: Pipeline) -> str:
+    values = ", ".join(f"{protocol} queries {s.value:.4f}" for protocol, s in pipeline.scores.items())
+    steps = "" if pipeline.steps == "none" else f" + {pipeline.steps}"
+    return f"{pipeline.model}{steps}: mAP@R {values}"
+
+
+def _primary(run: _Fit) -> str:
+    """The protocol that leads the tuning and decides the served pipeline."""
+    return KNOWN if run.settings.queries in (KNOWN, "both") or NEW not in run.split.protocols else NEW
+
+
+def _tune(run: _Fit) -> None:
+    """The ``tune`` stage: the tail trained on the training photos, its best state per protocol kept."""
+    clock, split, states = run.clock, run.split, run.states
+    assert states is not None
+    clock.plan("post", POST_MARGIN * run.post_s * len(split.protocols))  # a tuned state per protocol at most
+    clock.plan("index", run.tail_s + RESERVE_S)
+    scales_s = estimated_seconds(len(run.all_rows), run.rate) + POST_MARGIN * run.post_s
+    if getattr(run.net.backbone, "fixed_input_size", None) is None and \
+            scales_s <= SCALES_BUDGET_SHARE * clock.budget_s:
         clock.plan("scales", scales_s)
-    candidates = [Candidate(loss, lr) for loss in settings.losses for lr in settings.lrs]
+
+    def validate() -> dict[str, dict[str, float]]:
+        x = embed_cached(states.tail, states.cache, split.rows)
+        return {protocol: s.metrics for protocol, s in score_all(x, split).items()}
+
+    candidates = [Candidate(loss, lr) for loss in run.settings.losses for lr in run.settings.lrs]
     with clock.stage("tune") as stage:
         seconds = max(0.0, clock.left() - sum(v for k, v in clock.planned.items() if k != "tune")
                       - TUNE_SPARE * clock.budget_s)
         clock.plan("tune", seconds)
-        refit_ratio = len(rows_all) / max(1, len(train_rows)) if settings.refit else 0.0
-        tuned = tune(tail, cache, train_rows, photos.labels[train_rows], validate, candidates, seconds=seconds,
-                     clock=clock, batch_size=settings.batch_size, m=settings.m, seed=settings.seed,
-                     reserve_per_step=REFIT_MARGIN * refit_ratio)
-        stage["done"] = (f"best on validation: {tuned.best_from} (mAP@R {tuned.best_metrics['map@r']:.4f}); "
-                         f"{sum(t.steps for t in tuned.trials)} steps ({seconds:.0f} s were available)")
+        refit_ratio = len(run.all_rows) / max(1, split.train.size) if run.settings.refit else 0.0
+        run.tuned = tune(states.tail, states.cache, split.train, split.labels[split.train], validate, candidates,
+                         seconds=seconds, clock=clock, primary=_primary(run), batch_size=run.settings.batch_size,
+                         m=run.settings.m, seed=run.settings.seed, reserve_per_step=REFIT_MARGIN * refit_ratio)
+        for protocol, best in sorted(run.tuned.best.items(), key=lambda kv: kv[0] != run.tuned.primary):
+            if best.state is not None and all(b.state is not best.state for b in run.tuned_states.values()):
+                name = _tuned_name(protocol, run.tuned.primary)
+                run.tuned_states[name] = best
+                states.add(name, best.state)
+        stage["done"] = "; ".join(f"best on {p} queries: {b.source} (mAP@R {b.metrics['map@r']:.4f})"
+                                  for p, b in run.tuned.best.items())
+        stage["done"] += f"; {sum(t.steps for t in run.tuned.trials)} steps ({seconds:.0f} s were available)"
         if seconds < NO_TIME_S:
             stage["done"] += (f"; no time was left to fine-tune: the stages before took {clock_text(clock.elapsed())} "
                               f"of the {clock_text(clock.budget_s)} budget (a larger --minutes gives it time)")
-    refit, refit_state = None, None
-    if settings.refit and tuned.best_state is not None and tuned.best_candidate is not None:
-        with clock.stage("refit") as stage:
-            refit, refit_state = _refit(tail, cache, photos, tuned, settings, clock, rows_all, train_rows)
-            stage["done"] = refit["note"]
-    with clock.stage("post") as stage:
-        fitted = None
-        if tuned.best_state is not None:
-            load_trainable(tail, tuned.best_state)
-            fitted = embed_cached(tail, cache, rows_all)
-        if fitted is not None:
-            choices["fitted"] = choose_postprocessing(fitted[train_rows], photos.labels[train_rows], fitted[val_rows],
-                                                      photos.labels[val_rows], dba=settings.dba)
-        by_class = {name: _validation_scores(x[val_rows], photos, val_rows, choices[name].steps(choices[name].fitted))[1]
-                    for name, x in (("features", features), ("fitted", fitted)) if x is not None}
-        served, served_why = ("features", "no fine-tuned state beat the features") if fitted is None else \
-            served_pipeline(by_class["features"], by_class["fitted"])
-        stage["done"] = "; ".join(f"{k} + {c.describe()}: mAP@R {c.metrics['map@r']:.4f}" for k, c in choices.items())
-        stage["done"] += f"; {served_why}"
-    if refit_state is not None:  # the validated recipe on every class: the fine-tuned model from here on
-        load_trainable(tail, refit_state)
-    if served == "features":
-        if tuned.best_state is not None:  # the fine-tuned model, not served, kept for a look (and a fair score)
-            _save_model(folder / FINE_TUNED, net, cfg, checkpoint)
-        load_trainable(tail, tuned.pretrained_state)
-    embeddings = features if served == "features" else \
-        embed_cached(tail, cache, rows_all) if refit_state is not None else fitted  # the tail holds the refit
+
+
+def _tuned_name(protocol: str, primary: str) -> str:
+    return "fine-tuned" if protocol == primary else f"fine-tuned (best on {protocol} queries)"
+
+
+def _choose(run: _Fit) -> None:
+    """The ``post`` stage: each fine-tuned state's pipelines, then the served one (:func:`choose_served`)."""
+    assert run.states is not None
+    with run.clock.stage("post") as stage:
+        for name in run.tuned_states:
+            _add_pipelines(run, name, run.states.embed(name, run.split.rows))
+        run.served, run.why = choose_served(run.pipelines, run.settings.queries, run.split.protocols)
+        stage["done"] = "; ".join(_scores_text(p) for p in run.pipelines if p.trained) or "no fine-tuned state"
+        stage["done"] += f"; {run.why[-1]}"
+
+
+def _refit(run: _Fit) -> None:
+    """The ``refit`` stage: the recipe of the served fine-tuned state (else of the leading one, kept beside the
+    served features) run again from the pretrained state on every photo, within the time left."""
+    assert run.states is not None and run.tuned is not None and run.served is not None
+    model = run.served.model if run.served.trained else next(iter(run.tuned_states), None)
+    if model is None:
+        return
+    best = run.tuned_states[model]
+    assert best.candidate is not None
+    split, clock = run.split, run.clock
+    with clock.stage("refit") as stage:
+        steps = round(best.step * len(run.all_rows) / max(1, split.train.size))
+        later = sum(v for k, v in clock.planned.items() if k not in ("tune", "post", "refit"))
+        seconds = max(0.0, clock.left() - later - REFIT_SPARE * clock.budget_s)
+        began = time.monotonic()
+        taken = retrain(run.states.tail, run.states.cache, run.all_rows, split.labels, best.candidate, steps,
+                        start_state=run.tuned.pretrained_state, seconds=seconds, clock=clock,
+                        batch_size=run.settings.batch_size, m=run.settings.m, seed=run.settings.seed)
+        if taken:
+            run.states.add("refit", trainable_state(run.states.tail))
+        classes = int(np.unique(split.labels).size)
+        note = (f"the chosen recipe ({best.candidate.describe()}, {best.step} steps on {split.train.size:,} photos) run "
+                f"again on all {len(run.all_rows):,} photos of the {classes} classes, the kept-back ones included: "
+                f"{taken} steps" + ("" if taken == steps else f" of {steps} (the time ran out)") +
+                "; the validation scores are those of the model before it (a model cannot be scored on photos it "
+                "trained on), and the retrained model is the fine-tuned one " +
+                ("served" if run.served.trained else f"kept in {layout.FINE_TUNED_CKPT}"))
+        run.refit = {"note": note, "model": model, "steps": taken, "planned_steps": steps, "classes": classes,
+                     "photos": int(len(run.all_rows)), "seconds": time.monotonic() - began}
+        stage["done"] = note
+
+
+def _served_state(run: _Fit) -> str:
+    """The tail state the served model embeds with: the retraining of the served fine-tuned state, if any."""
+    assert run.served is not None and run.states is not None
+    if not run.served.trained:
+        return TailStates.PRETRAINED
+    refit = run.refit is not None and run.refit["model"] == run.served.model and "refit" in run.states.states
+    return "refit" if refit else run.served.model
+
+
+def _served_choice(run: _Fit) -> PostChoice:
+    assert run.served is not None
+    if run.served.steps_for is None:
+        return PostChoice(None, None, None, {}, [])
+    return run.choices[run.served.model, run.served.steps_for]
+
+
+def _scales(run: _Fit) -> tuple[torch.Tensor, PostChoice, tuple[float, ...] | None, MultiScaleTrial]:
+    """The ``scales`` stage when planned and the time allows; the index's embeddings and steps either way."""
+    assert run.states is not None and run.served is not None and run.sizing is not None
+    states, clock, served = run.states, run.clock, run.served
+    state = _served_state(run)
+    embeddings = run.features if state == TailStates.PRETRAINED else states.embed(state, run.all_rows)
     assert embeddings is not None
-    served_choice, scales = choices[served], None
-    late = multiscale and clock.left() < scales_s + clock.planned.get("index", 0.0)
-    if multiscale and not late:
-        with clock.stage("scales") as stage:
-            # validation may score only a model that did not train on it: the tuned state, not the retrained one
-            retrained = served == "fitted" and refit_state is not None and tuned.best_state is not None
-            if retrained:
-                load_trainable(tail, tuned.best_state)
-            trial = try_multiscale(net, dataset, photos.labels, train_rows, val_rows, served_choice, device=device,
-                                   batch_size=sizing.trunk_batch, workers=sizing.workers, dba=settings.dba,
-                                   retrained=(lambda: load_trainable(tail, refit_state)) if retrained else None,
-                                   time_left=lambda: clock.left() - clock.planned.get("index", 0.0),
-                                   pass_s=estimated_seconds(len(rows_all), rate))
-            if retrained:
-                load_trainable(tail, refit_state)
-            if trial.choice is not None and trial.embeddings is not None:
-                served_choice, embeddings, scales = trial.choice, trial.embeddings, DEFAULT_SCALES
-            stage["done"] = trial.note
-    else:
-        trial = MultiScaleTrial("multi-scale not tried: this backbone takes one input size" if one_size else
-                                f"multi-scale not tried: it would take about {clock_text(scales_s)}, more than the "
-                                f"{clock_text(clock.left())} left" if late else
-                                f"multi-scale not tried: one pass at every scale would take about "
-                                f"{clock_text(scales_s)}, over {SCALES_BUDGET_SHARE:.0%} of the budget")
-    with clock.stage("index") as stage:
-        index = _save_model_and_index(folder, net, cfg, photos, embeddings, served_choice, checkpoint, scales)
-        stage["done"] = f"{len(index):,} photos in {folder / 'index'} ({index.dim}-d, {_steps_text(index)})"
-    with clock.stage("report") as stage:
-        record = _record(settings, sizing, str(photos_source), photos, features_val, features_by_class, fitted,
-                         choices, (served, served_why), tuned, clock, device, cfg.model.backbone, val_rows, checkpoint)
-        record["per_class"].update({f"{name}_post": scores for name, scores in by_class.items()})
-        record["chosen"]["why"].insert(0, f"framing: {framing.note}")
-        record["chosen"]["why"].append(trial.note)
-        record["chosen"]["framing"] = {"preset": framing.preset, "validation_map@r": framing.scores}
-        if refit is not None:
-            record["chosen"]["why"].insert(1, refit["note"])
-            record["refit"] = {k: v for k, v in refit.items() if k != "note"}
-        record["chosen"]["multiscale"] = index.preprocessing.get("multiscale")  # as the index records them
-        record["chosen"]["post"] = served_choice.to_dict()  # re-chosen on the multi-scale embeddings when kept
-        record["chosen"]["pipeline"] = served_text(served, served_choice, scales, framing.words())
-        record["served"] = served_choice.metrics
-        write_text_atomic(folder / "fit.json", json.dumps(record, indent=2) + "\n")
-        write_report(folder, record, photos, val_rows, features[val_rows],
-                     None if fitted is None else fitted[val_rows], choices)
-        stage["done"] = f"{folder / 'report.html'}, {folder / 'fit.json'}"
-    record["seconds"] = {**clock.seconds, "total": clock.elapsed()}
-    write_text_atomic(folder / "fit.json", json.dumps(record, indent=2) + "\n")
-    clock.line(f"finished in {clock_text(clock.elapsed())} (budget {clock_text(clock.budget_s)}): "
-               f"rankopt serve {folder}")
-    return record
+    states.load(state)
+    choice, planned = _served_choice(run), "scales" in clock.planned
+    scales_s = clock.planned.get("scales", 0.0)
+    late = planned and clock.left() < scales_s + clock.planned.get("index", 0.0)
+    if not planned or late:
+        one_size = getattr(run.net.backbone, "fixed_input_size", None) is not None
+        return embeddings, choice, None, MultiScaleTrial(
+            "multi-scale not tried: this backbone takes one input size" if one_size else
+            f"multi-scale not tried: it would take about {clock_text(scales_s)}, more than the "
+            f"{clock_text(clock.left() - clock.planned.get('index', 0.0))} left before the index" if late else
+            "multi-scale not tried: one pass at every scale would take over "
+            f"{SCALES_BUDGET_SHARE:.0%} of the budget")
+    decide_on = [_primary(run)] + ([NEW] if run.settings.queries == "both" and NEW in run.split.protocols
+                                   and _primary(run) != NEW else [])
+    with clock.stage("scales") as stage:
+        retrained = state == "refit"  # validation may score only a model that did not train on it
+        if retrained:
+            states.load(served.model)
+        trial = try_multiscale(run.net, run.photos.dataset, run.split, {p: served.scores[p].value for p in decide_on},
+                               device=run.device, batch_size=run.sizing.trunk_batch, workers=run.sizing.workers,
+                               dba=run.settings.dba, decide_on=decide_on,
+                               retrained=(lambda: states.load("refit")) if retrained else None,
+                               time_left=lambda: clock.left() - clock.planned.get("index", 0.0),
+                               pass_s=estimated_seconds(len(run.all_rows), run.rate))
+        states.load(state)
+        stage["done"] = trial.note
+    if trial.choice is not None and trial.embeddings is not None:
+        return trial.embeddings, trial.choice, DEFAULT_SCALES, trial
+    return embeddings, choice, None, trial
 
 
-def _refit(tail: Any, cache: TrunkCache, photos: Photos, tuned: TuneResult, settings: FitSettings, clock: Clock,
-           rows_all: np.ndarray, train_rows: np.ndarray) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
-    """The chosen candidate again from the pretrained state on every photo, for its chosen steps scaled by the
-    photos added (same epochs), within the time left; its record and state."""
-    assert tuned.best_candidate is not None
-    steps = round(tuned.best_step * len(rows_all) / max(1, len(train_rows)))
-    later = sum(v for k, v in clock.planned.items() if k not in ("tune", "refit"))
-    seconds = max(0.0, clock.left() - later - REFIT_SPARE * clock.budget_s)
-    began = time.monotonic()
-    taken = retrain(tail, cache, rows_all, photos.labels, tuned.best_candidate, steps,
-                    start_state=tuned.pretrained_state, seconds=seconds, clock=clock, batch_size=settings.batch_size,
-                    m=settings.m, seed=settings.seed)
-    classes = int(np.unique(photos.labels).size)
-    note = (f"the chosen recipe ({tuned.best_candidate.describe()}, {tuned.best_step} steps on "
-            f"{np.unique(photos.labels[train_rows]).size} classes) run again on all {classes} classes, the validation "
-            f"ones included: {taken} steps" + ("" if taken == steps else f" of {steps} (the time ran out)") +
-            "; the validation scores are those of the model before it (a model cannot be scored on classes it "
-            "trained on), and the retrained model is the fine-tuned one served or kept")
-    return ({"note": note, "steps": taken, "planned_steps": steps, "classes": classes, "photos": int(len(rows_all)),
-             "seconds": time.monotonic() - began}, trainable_state(tail))
+def _save_model_and_index(run: _Fit, embeddings: torch.Tensor, choice: PostChoice,
+                          scales: tuple[float, ...] | None) -> Index:
+    """``RUN/model.ckpt`` and ``RUN/index`` (:func:`rankopt.fit.output.save_index`); ``RUN/fine_tuned.ckpt`` the
+    fine-tuned weights when the features are served."""
+    assert run.states is not None and run.served is not None
+    cfg = dataclasses.replace(run.cfg, name="fit", description=f"rankopt fit of {run.checkpoint.name}",
+                              model=dataclasses.replace(run.cfg.model, freeze_bn=True))
+    if not run.served.trained and run.tuned_states:  # kept for a look (and a fair score)
+        run.states.load("refit" if "refit" in run.states.states else next(iter(run.tuned_states)))
+        save_model(run.folder / layout.FINE_TUNED_CKPT, run.net, cfg, run.checkpoint)
+    run.states.load(_served_state(run))
+    model_path = save_model(run.folder / layout.MODEL_CKPT, run.net, cfg, run.checkpoint)
+    return save_index(run.folder / layout.INDEX_DIR, model_path, run.photos, embeddings, choice, scales, run.device)
 
 
-def served_text(model: str, choice: PostChoice, scales: tuple[float, ...] | None, framing: str = "") -> str:
-    """The served pipeline in words: the model, the photos' framing where it was chosen, its scales when several,
-    the post-processing steps."""
-    framed = f" ({framing})" if framing else ""
-    at = "" if scales is None else " at scales " + ", ".join(f"{s:.3g}" for s in scales)
-    return f"{model}{framed}{at} + {choice.describe()}"
+def _example_embeddings(run: _Fit) -> dict[str, torch.Tensor]:
+    """Validation embeddings of the features and of the served model (when fine-tuned), for the report's examples."""
+    assert run.features is not None and run.states is not None and run.served is not None
+    out = {"pretrained features": run.features[torch.as_tensor(run.split.rows)]}
+    if run.served.trained:
+        out["served model (fine-tuned)"] = run.states.embed(run.served.model, run.split.rows)
+    return out
 
 
-def _steps_text(index: Index) -> str:
-    steps = [] if index.post is None or index.post.whitening is None else [f"{index.post.whitening.kind} whitening"]
-    steps += [f"{name} k={e['k']}" for name, e in (("DBA", index.record.dba), ("αQE", index.record.qe)) if e]
-    return ", ".join(steps) or "no post-processing"
-
-
-def _save_model_and_index(folder: Path, net: Any, cfg: Any, photos: Photos, embeddings: torch.Tensor,
-                          choice: PostChoice, checkpoint: Path, scales: tuple[float, ...] | None) -> Index:
-    """``folder/model.ckpt`` (the chosen weights) and ``folder/index`` (every photo, the chosen steps; the
-    whitening refitted on every photo's embedding)."""
-    model_path = _save_model(folder / "model.ckpt", net, cfg, checkpoint)
-    embedder = Embedder.from_checkpoint(model_path, device=str(next(net.parameters()).device), batch_size=CPU_BATCH,
-                                        progress=False)  # a few photos: the parity check
-    whitening = None
-    if choice.whitening is not None:
-        whitening = choice.whitening.fit(embeddings, photos.labels, "every photo of the fit") or choice.fitted
-        whitening = dataclasses.replace(whitening, model_fingerprint=embedder.fingerprint, scales=scales)
-    post = dataclasses.replace(choice.steps(whitening), scales=scales)
-    embedder = embedder.with_postprocessing(post)
-    vectors = post.whiten(embeddings)
-    split = EmbeddedSplit(vectors, torch.as_tensor(np.asarray(photos.dataset.labels)), list(photos.dataset.paths),
-                          dict(photos.dataset.metadata))
-    _check_parity(embedder, photos, vectors)
-    index = Index.from_split(embedder, photos.dataset, split, postprocessing=post, progress=False)
-    index.save(folder / "index")
-    return index
-
-
-def _save_model(path: Path, net: Any, cfg: Any, checkpoint: Path) -> Path:
-    """``net`` as a checkpoint at ``path`` with ``cfg`` (named ``fit``, BatchNorm statistics frozen)."""
-    cfg = dataclasses.replace(cfg, name="fit", description=f"rankopt fit of {checkpoint.name}",
-                              model=dataclasses.replace(cfg.model, freeze_bn=True))
-    return save_model_checkpoint(path, net.state_dict(), config_to_dict(cfg), {"fit_from": checkpoint.name})
-
-
-def _check_parity(embedder: Embedder, photos: Photos, vectors: torch.Tensor, count: int = 4) -> None:
-    """The saved model and steps embed a few photos as the index holds them (cached trunk + tail, whitened):
-    else queries would not meet their own photos."""
-    rows = np.linspace(0, len(photos.dataset) - 1, min(count, len(photos.dataset))).astype(int)
-    direct = embedder.embed([photos.dataset.paths[r] for r in rows]).embeddings
-    worst = float((direct - vectors[torch.as_tensor(rows)]).abs().max())
-    if worst > PARITY_TOLERANCE:
-        raise RuntimeError(f"the saved model's embeddings differ from the indexed ones by {worst:.2e}")
-
-
-def _record(settings: FitSettings, sizing: Sizing, source: str, photos: Photos, features_val: dict, features_by_class: dict,
-            fitted: torch.Tensor | None, choices: dict[str, PostChoice], served_why: tuple[str, str], tuned: TuneResult,
-            clock: Clock, device: torch.device, backbone: str, val_rows: np.ndarray, checkpoint: Path) -> dict[str, Any]:
-    served = served_why[0]
-    fitted_val, fitted_by_class = (tuned.pretrained, features_by_class) if fitted is None else \
-        _validation_scores(fitted[val_rows], photos, val_rows)
-    why = [f"learning rate and state chosen by validation mAP@R among {', '.join(t.candidate.describe() for t in tuned.trials)}"
-           f" and the pretrained state: {tuned.best_from}"]
-    if sum(t.steps for t in tuned.trials) == 0:
+def _why(run: _Fit, trial: MultiScaleTrial) -> list[str]:
+    assert run.tuned is not None
+    why = [f"framing: {run.framing.note}"]
+    if run.refit is not None:
+        why.append(run.refit["note"])
+    why.append(f"learning rate and state chosen by validation mAP@R among "
+               f"{', '.join(t.candidate.describe() for t in run.tuned.trials)} and the pretrained state: "
+               + "; ".join(f"on {p} queries {b.source}" for p, b in run.tuned.best.items()))
+    if sum(t.steps for t in run.tuned.trials) == 0:
         why.append("no fine-tuning step was taken: the budget was spent before it (a larger --minutes gives it time)")
-    elif fitted is None:
+    elif not run.tuned_states:
         why.append("no fine-tuned state beat the pretrained features on validation: the features are served")
-    held = int(np.unique(photos.labels[val_rows]).size)
-    if held < SMALL_VALIDATION_CLASSES or val_rows.size < SMALL_VALIDATION_PHOTOS:
-        why.append(f"caution: validation holds only {held} classes ({val_rows.size} photos), too few to tell small "
+    classes = np.unique(run.split.labels[np.union1d(run.split.known_queries, run.split.new_queries)]).size
+    queries = run.split.known_queries.size + run.split.new_queries.size
+    if classes < SMALL_VALIDATION_CLASSES or queries < SMALL_VALIDATION_PHOTOS:
+        why.append(f"caution: validation holds only {queries} query photos of {classes} classes, too few to tell small "
                    "gains from luck; with so few photos a fit can learn little, and its choices are rough guesses")
-    if fitted is not None:
-        why.append(served_why[1] + (f" (the fine-tuned model is kept in {FINE_TUNED})" if served == "features" else ""))
-    why.append(f"served: {served} + {choices[served].describe()} (validation mAP@R: " +
-               ", ".join(f"{k} {c.metrics['map@r']:.4f}" for k, c in choices.items()) + ")")
-    return {
-        "photos": source,
-        "backbone": backbone, "weights": checkpoint.name, "device": str(device),
-        "validation": {"classes": int(np.unique(photos.labels[val_rows]).size), "photos": int(val_rows.size),
-                       "train_classes": int(np.unique(photos.labels[photos.training]).size),
-                       "train_photos": int(photos.training.sum())},
-        "features": features_val, "fitted": fitted_val,
-        "features_post": choices["features"].metrics,
-        "fitted_post": choices["fitted"].metrics if "fitted" in choices else None,
-        "per_class": {"features": features_by_class, "fitted": fitted_by_class},
-        "chosen": {"model": "fitted" if served == "fitted" else "features", "from": tuned.best_from,
-                   "fine_tuned_checkpoint": FINE_TUNED if served == "features" and fitted is not None else None,
-                   "candidates": [{"loss": t.candidate.loss, "lr": t.candidate.lr, "steps": t.steps,
-                                   "history": [{"step": s, **m} for s, m in t.history]} for t in tuned.trials],
-                   "post": choices[served].to_dict(), "post_by_model": {k: c.to_dict() for k, c in choices.items()},
-                   "post_tried": {k: c.tried for k, c in choices.items()},
-                   "why": why, "seconds_per_step": tuned.step_seconds},
-        "settings": {**dataclasses.asdict(settings)}, "sizing": sizing.to_dict(),
-        "seconds": {**clock.seconds},
-        "machine": machine_info(device),
-    }
+    if run.split.open_note:
+        why.append(run.split.open_note)
+    return why + run.why + [trial.note]
+
+
+def _record(run: _Fit, index: Index, choice: PostChoice, scales: tuple[float, ...] | None,
+            trial: MultiScaleTrial) -> FitRecord:
+    assert run.tuned is not None and run.served is not None and run.sizing is not None
+    served, state = run.served, run.tuned_states.get(run.served.model)
+    fine_tuned = layout.FINE_TUNED_CKPT if not served.trained and run.tuned_states else None
+    chosen = {"model": "fitted" if served.trained else FEATURES, "served_name": served.name,
+              "from": state.source if state is not None else "pretrained", "decided_on": _primary(run),
+              "pipeline": served_text(served.model, choice, scales, run.framing.words()),
+              "post": choice.to_dict(), "multiscale": index.preprocessing.get("multiscale"),
+              "framing": {"preset": run.framing.preset, "validation_map@r": run.framing.scores},
+              "fine_tuned_checkpoint": fine_tuned, "why": _why(run, trial),
+              "candidates": tuning_record(run.tuned), "seconds_per_step": run.tuned.step_seconds}
+    pipelines = [pipeline_record(p, None if p.steps_for is None else run.choices[p.model, p.steps_for].to_dict())
+                 for p in run.pipelines]
+    served_scores = {p: s.metrics for p, s in served.scores.items()}
+    if trial.choice is not None and trial.embeddings is not None:  # multi-scale served: its own validation scores
+        served_scores[_primary(run)] = dict(trial.choice.metrics)
+    return FitRecord(run.source, run.cfg.model.backbone, run.checkpoint.name, str(run.device), run.settings.queries,
+                     split_record(run.split), pipelines, chosen, served_scores,
+                     dataclasses.asdict(run.settings), run.sizing.to_dict(), machine_info(run.device),
+                     None if run.refit is None else {k: v for k, v in run.refit.items() if k != "note"},
+                     dict(run.clock.seconds))

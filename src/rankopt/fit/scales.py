@@ -12,15 +12,15 @@ pipeline is then embedded again with the retrained one.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-import numpy as np
 import torch
 
 from rankopt.data.base import RetrievalDataset
 from rankopt.engine.embed_and_score import embed_dataset
-from rankopt.fit.post import PostChoice, choose_postprocessing
+from rankopt.fit.post import PostChoice, choose_for_protocols
+from rankopt.fit.validation import ValidationSplit, score
 from rankopt.models.multiscale import DEFAULT_SCALES, MultiScaleNet
 from rankopt.models.retrieval_net import RetrievalNet
 
@@ -50,24 +50,26 @@ def embed_multiscale(net: RetrievalNet, dataset: RetrievalDataset, *, device: to
                          num_workers=workers, desc="multi-scale").embeddings
 
 
-def try_multiscale(net: RetrievalNet, dataset: RetrievalDataset, labels: np.ndarray, train_rows: np.ndarray,
-                   val_rows: np.ndarray, single: PostChoice, *, device: torch.device, batch_size: int, workers: int,
-                   dba: bool, retrained: Callable[[], None] | None = None,
-                   time_left: Callable[[], float] = lambda: math.inf, pass_s: float = 0.0) -> MultiScaleTrial:
-    """Embed every photo at :data:`DEFAULT_SCALES` with ``net`` as it is (the model ``single`` was scored with),
-    choose post-processing on them as for one scale, and keep them when validation mAP@R beats ``single``'s.
-    ``retrained``: loads the served model into ``net`` when it is not the one validation may score (it trained on the
-    validation classes); a kept trial is then embedded again with it, when ``time_left()`` allows a pass of
-    ``pass_s`` seconds, and else not served."""
+def try_multiscale(net: RetrievalNet, dataset: RetrievalDataset, split: ValidationSplit, single: dict[str, float],
+                   *, device: torch.device, batch_size: int, workers: int, dba: bool, decide_on: Sequence[str],
+                   retrained: Callable[[], None] | None = None, time_left: Callable[[], float] = lambda: math.inf,
+                   pass_s: float = 0.0) -> MultiScaleTrial:
+    """Embed every photo at :data:`DEFAULT_SCALES` with ``net`` as it is (the model the single-scale scores
+    ``single`` (``{protocol: mAP@R}``) come from), choose post-processing on them as for one scale (on
+    ``decide_on[0]``), and keep them when their validation mAP@R beats ``single``'s on every protocol of
+    ``decide_on``. ``retrained``: loads the served model into ``net`` when it is not the one validation may score
+    (it trained on the validation photos); a kept trial is then embedded again with it, when ``time_left()`` allows a
+    pass of ``pass_s`` seconds, and else not served."""
     kw = {"device": device, "batch_size": batch_size, "workers": workers}
     x = embed_multiscale(net, dataset, **kw)
-    choice = choose_postprocessing(x[train_rows], labels[train_rows], x[val_rows], labels[val_rows], dba=dba)
-    single_value, value = single.metrics["map@r"], choice.metrics["map@r"]
-    if value <= single_value:
-        return MultiScaleTrial(f"multi-scale tried, not kept: validation mAP@R {value:.4f} <= {single_value:.4f} at "
-                               "one scale")
-    note = (f"multi-scale kept: validation mAP@R {value:.4f} > {single_value:.4f} at one scale, with its steps chosen "
-            f"again on the multi-scale embeddings: {choice.describe()}")
+    xv = x[torch.as_tensor(split.rows)]
+    choice = choose_for_protocols(xv, split, dba=dba)[decide_on[0]]
+    values = {p: score(xv, split, p, choice.steps(choice.fitted)).value for p in decide_on}
+    said = ", ".join(f"{p} queries {values[p]:.4f} against {single[p]:.4f}" for p in decide_on)
+    if any(values[p] <= single[p] for p in decide_on):
+        return MultiScaleTrial(f"multi-scale tried, not kept: validation mAP@R {said} at one scale")
+    note = (f"multi-scale kept: validation mAP@R {said} at one scale, with its steps chosen again on the "
+            f"multi-scale embeddings: {choice.describe()}")
     if retrained is None:
         return MultiScaleTrial(note, choice, x)
     if time_left() < pass_s:

@@ -87,3 +87,42 @@ def embed_cached(tail: nn.Module, cache: TrunkCache, rows: np.ndarray, *, batch_
             out.append(tail(cache.features(rows[start:start + batch_size]).to(device)).float().cpu())
     tail.train(was)
     return torch.cat(out) if out else torch.empty(0, 0)
+
+
+class TailStates:
+    """The trainable tail and its named states (``pretrained``; the tuned states; ``refit``): one place that loads a
+    state into the tail, and so into the whole network, and embeds cached photos with it."""
+
+    PRETRAINED = "pretrained"
+
+    def __init__(self, tail: nn.Module, cache: TrunkCache) -> None:
+        self.tail, self.cache = tail, cache
+        self.states: dict[str, dict[str, torch.Tensor]] = {self.PRETRAINED: trainable_state(tail)}
+        self.loaded = self.PRETRAINED
+
+    def add(self, name: str, state: dict[str, torch.Tensor]) -> None:
+        self.states[name] = state
+
+    def load(self, name: str) -> None:
+        """Put state ``name`` into the tail (the network embeds with it from now on)."""
+        load_trainable(self.tail, self.states[name])
+        self.loaded = name
+
+    def embed(self, name: str, rows: np.ndarray) -> torch.Tensor:
+        """``(len(rows), D)`` embeddings of the cached photos ``rows`` with state ``name`` (left loaded)."""
+        self.load(name)
+        return embed_cached(self.tail, self.cache, rows)
+
+
+
+def trainable_state(model: nn.Module) -> dict[str, torch.Tensor]:
+    """Copies of ``model``'s trainable parameters."""
+    return {n: p.detach().clone() for n, p in model.named_parameters() if p.requires_grad}
+
+
+def load_trainable(model: nn.Module, state: dict[str, torch.Tensor]) -> None:
+    """Copy ``state`` (from :func:`trainable_state`) into ``model``'s parameters."""
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name in state:
+                p.copy_(state[name])

@@ -1,15 +1,16 @@
-"""Fine-tuning the tail within a time budget, the learning rate chosen on the validation classes.
+"""Fine-tuning the tail within a time budget, the learning rate chosen on validation.
 
 Candidates (a rank loss and a learning rate each) first train one after the other for equal shares of the time
-(:data:`FIRST_ROUND_SHARE` of it in all), each scored on the validation classes every :data:`CHECK_EVERY_S` at
+(:data:`FIRST_ROUND_SHARE` of it in all), each scored on validation every :data:`CHECK_EVERY_S` at
 most. When the best one's learning rate is an end of the grid, one step beyond it is tried for the same share (at
 most :data:`GRID_EXTENSIONS` times), so that the choice is bracketed, even where it spends the time kept for retraining
 the winner (measured: keeping that time first left out the extension that won every Extended Yale B fit, and lost
 0.036 mAP@R there, ``benchmarks/results/fit_refit_reserve.md``); the best one then trains on for the rest. A
 candidate stops early after :data:`PATIENCE` scores without a new best, so a fit ends early once validation stops
-improving (and a small folder finishes in seconds). Every evaluation is kept: the state returned is the best one
-seen on validation, and the pretrained state itself is among them (scored before any step), so a fit is never
-worse than the features it started from on validation. Batches: ``m`` photos of each of
+improving (and a small folder finishes in seconds). Every evaluation scores each validation protocol
+(:mod:`rankopt.fit.validation`: new photos of known classes, photos of new classes) and keeps the best state seen
+for each; the pretrained state itself is among them (scored before any step), so a fit is never worse than the
+features it started from on validation. One protocol (``primary``) leads: the leader, patience and the reserve. Batches: ``m`` photos of each of
 ``batch_size / m`` classes, each photo centred or mirrored at random; Adam (the trainer's,
 :func:`rankopt.engine.optim.build_optimizer`) with the :data:`WARMUP` schedule, BatchNorm statistics frozen (the
 trunk is not trained at all). :func:`retrain` runs the chosen candidate again from the pretrained state, for its
@@ -33,8 +34,8 @@ from rankopt.config import OptimizerConfig, ScheduleConfig
 from rankopt.data.samplers import build_batch_sampler
 from rankopt.engine.optim import build_optimizer, lr_beyond, lr_factor
 from rankopt.fit.clock import Clock
-from rankopt.fit.post import SELECT_ON
-from rankopt.fit.trunk import TrunkCache
+from rankopt.fit.trunk import TrunkCache, load_trainable, trainable_state
+from rankopt.fit.validation import SELECT_ON
 
 MAX_EPOCHS = 200
 """Most passes over the training photos one candidate makes, a backstop: :data:`PATIENCE` ends a candidate's
@@ -61,49 +62,70 @@ class Candidate:
         return f"{self.loss} lr {self.lr:g}"
 
 
+Scored = dict[str, dict[str, float]]
+"""A validation's scores: ``{protocol: {metric: value}}`` (:mod:`rankopt.fit.validation`)."""
+
+
 @dataclass
 class Trial:
-    """One candidate's training: its state, optimizer, steps and validation history ``(step, metrics)``."""
+    """One candidate's training: its state, optimizer, steps and validation history ``(step, scores)``."""
 
     candidate: Candidate
     state: dict[str, torch.Tensor]
     optimizer_state: dict[str, Any] | None = None
     steps: int = 0
-    history: list[tuple[int, dict[str, float]]] = field(default_factory=list)
+    history: list[tuple[int, Scored]] = field(default_factory=list)
 
-    def best(self) -> float:
-        return max((m[SELECT_ON] for _, m in self.history), default=float("-inf"))
+    def best(self, protocol: str) -> float:
+        return max((m[protocol][SELECT_ON] for _, m in self.history), default=float("-inf"))
 
-    def summary(self) -> str:
-        best = f"best validation {SELECT_ON} {self.best():.4f}" if self.history else "not scored"
+    def summary(self, protocol: str) -> str:
+        best = f"best validation {SELECT_ON} {self.best(protocol):.4f}" if self.history else "not scored"
         return f"{self.candidate.describe()}: {self.steps} steps, {best}"
 
 
 @dataclass
-class TuneResult:
-    """The best state on validation (``None``: the pretrained state was not beaten) and every trial."""
+class BestState:
+    """The best state seen for one protocol (``state`` ``None``: the pretrained state was not beaten)."""
 
-    best_state: dict[str, torch.Tensor] | None
-    best_metrics: dict[str, float]
-    best_from: str
+    state: dict[str, torch.Tensor] | None
+    metrics: dict[str, float]
+    source: str = "pretrained"
+    candidate: Candidate | None = None
+    step: int = 0
+
+
+@dataclass
+class TuneResult:
+    """The best state per protocol, every trial and the pretrained scores; ``primary``: the protocol the tuning
+    was led by (its leader, patience and reserve), whose best state the ``best_*`` properties give."""
+
+    best: dict[str, BestState]
+    primary: str
     trials: list[Trial]
-    pretrained: dict[str, float]
+    pretrained: Scored
     pretrained_state: dict[str, torch.Tensor]
     step_seconds: float
-    best_candidate: Candidate | None = None
-    best_step: int = 0
 
+    @property
+    def best_state(self) -> dict[str, torch.Tensor] | None:
+        return self.best[self.primary].state
 
-def trainable_state(model: nn.Module) -> dict[str, torch.Tensor]:
-    """Copies of ``model``'s trainable parameters."""
-    return {n: p.detach().clone() for n, p in model.named_parameters() if p.requires_grad}
+    @property
+    def best_metrics(self) -> dict[str, float]:
+        return self.best[self.primary].metrics
 
+    @property
+    def best_from(self) -> str:
+        return self.best[self.primary].source
 
-def load_trainable(model: nn.Module, state: dict[str, torch.Tensor]) -> None:
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if name in state:
-                p.copy_(state[name])
+    @property
+    def best_candidate(self) -> Candidate | None:
+        return self.best[self.primary].candidate
+
+    @property
+    def best_step(self) -> int:
+        return self.best[self.primary].step
 
 
 class _Batches:
@@ -150,30 +172,28 @@ def _optimizer(tail: nn.Module, candidate: Candidate) -> torch.optim.Optimizer:
     return build_optimizer(params, OptimizerConfig("adam", candidate.lr, WEIGHT_DECAY))
 
 
-def tune(tail: nn.Module, cache: TrunkCache, train_rows: np.ndarray, train_labels: np.ndarray,
-         validate: Callable[[], dict[str, float]], candidates: Sequence[Candidate], *, seconds: float,
-         clock: Clock, batch_size: int = 64, m: int = 4, seed: int = 0, reserve_per_step: float = 0.0) -> TuneResult:
-    """Train ``tail`` on the cached trunk outputs of ``train_rows`` for about ``seconds``; ``validate()``
-    scores the tail's current state on the validation classes. ``reserve_per_step``: the best candidate's
-    continuation leaves ``reserve_per_step`` × (the best state's step) × (one step's time) of ``seconds`` unused,
-    the time of retraining the winner (:func:`retrain`), recomputed at every step as the best state moves."""
-    device = next(tail.parameters()).device
-    start_state = trainable_state(tail)
-    pretrained = validate()
-    best = {"state": None, "metrics": pretrained, "from": "pretrained", "trial": None, "step": 0}
-    trials = [Trial(c, copy.deepcopy(start_state)) for c in candidates]
-    batches = _Batches(train_labels, batch_size, m, seed)
-    rng = np.random.default_rng(seed)
-    step_times: list[float] = []
-    total_steps = MAX_EPOCHS * max(1, len(batches))
-    began = time.monotonic()
+class _Tuning:
+    """The state of one :func:`tune` call: the trials, the best state per protocol, the step times."""
 
-    def run(trial: Trial, share: float, keep: Callable[[], float] = lambda: 0.0) -> None:
+    def __init__(self, tail: nn.Module, cache: TrunkCache, train_rows: np.ndarray, train_labels: np.ndarray,
+                 validate: Callable[[], Scored], primary: str, clock: Clock, batches: _Batches, seed: int) -> None:
+        self.tail, self.cache, self.rows, self.labels = tail, cache, train_rows, train_labels
+        self.validate, self.primary, self.clock, self.batches = validate, primary, clock, batches
+        self.device = next(tail.parameters()).device
+        self.start_state = trainable_state(tail)
+        self.pretrained = validate()
+        self.best = {p: BestState(None, metrics) for p, metrics in self.pretrained.items()}
+        self.rng = np.random.default_rng(seed)
+        self.step_times: list[float] = []
+        self.total_steps = MAX_EPOCHS * max(1, len(batches))
+
+    def run(self, trial: Trial, share: float, keep: Callable[[], float] = lambda: 0.0) -> None:
         """Train ``trial`` for ``share`` seconds less ``keep()`` (asked at every step), scored every
-        :data:`CHECK_EVERY_S` at most; it stops early after :data:`PATIENCE` scores without a new best of its own,
-        or after :data:`MAX_EPOCHS` passes of its own."""
+        :data:`CHECK_EVERY_S` at most; it stops early after :data:`PATIENCE` scores without a new best of its own
+        (on the primary protocol), or after :data:`MAX_EPOCHS` passes of its own."""
+        tail = self.tail
         load_trainable(tail, trial.state)
-        loss_fn = losses.build(trial.candidate.loss).to(device)
+        loss_fn = losses.build(trial.candidate.loss).to(self.device)
         optimizer = _optimizer(tail, trial.candidate)
         if trial.optimizer_state is not None:
             optimizer.load_state_dict(trial.optimizer_state)
@@ -181,61 +201,84 @@ def tune(tail: nn.Module, cache: TrunkCache, train_rows: np.ndarray, train_label
         check_every = min(share / EVALUATIONS_PER_SHARE, CHECK_EVERY_S)
         next_check, stale = time.monotonic() + check_every, 0
         tail.train()
-        while time.monotonic() < until - keep() and trial.steps < total_steps and stale < PATIENCE:
+        while time.monotonic() < until - keep() and trial.steps < self.total_steps and stale < PATIENCE:
             began = time.monotonic()
-            value = _train_step(tail, loss_fn, optimizer, cache, train_rows, train_labels, batches.next(), rng,
-                                trial.candidate.lr, trial.steps, total_steps)
+            value = _train_step(tail, loss_fn, optimizer, self.cache, self.rows, self.labels, self.batches.next(),
+                                self.rng, trial.candidate.lr, trial.steps, self.total_steps)
             trial.steps += 1
-            step_times.append(time.monotonic() - began)
-            clock.heartbeat(lambda: f"  tuning {trial.candidate.describe()}: step {trial.steps}, "
-                                    f"loss {value:.4f}, {1 / np.median(step_times[-20:]):.1f} steps/s")
-            if time.monotonic() >= next_check or time.monotonic() >= until - keep() or trial.steps == total_steps:
-                before = trial.best()
-                _score(trial)
-                stale = 0 if trial.best() > before else stale + 1
+            self.step_times.append(time.monotonic() - began)
+            self.clock.heartbeat(lambda: f"  tuning {trial.candidate.describe()}: step {trial.steps}, "
+                                         f"loss {value:.4f}, {1 / np.median(self.step_times[-20:]):.1f} steps/s")
+            if time.monotonic() >= next_check or time.monotonic() >= until - keep() or \
+                    trial.steps == self.total_steps:
+                before = trial.best(self.primary)
+                self.score(trial)
+                stale = 0 if trial.best(self.primary) > before else stale + 1
                 next_check = time.monotonic() + check_every
         trial.state = trainable_state(tail)
         trial.optimizer_state = optimizer.state_dict()
 
-    def _score(trial: Trial) -> None:
-        metrics = validate()
-        tail.train()
-        trial.history.append((trial.steps, metrics))
-        if metrics[SELECT_ON] > best["metrics"][SELECT_ON]:
-            best.update(state=trainable_state(tail), metrics=metrics, trial=trial.candidate, step=trial.steps,
-                        **{"from": f"{trial.candidate.describe()}, step {trial.steps}"})
+    def score(self, trial: Trial) -> None:
+        """Validate the tail's state; it becomes the best state of every protocol it beats."""
+        scores = self.validate()
+        self.tail.train()
+        trial.history.append((trial.steps, scores))
+        state = None
+        for protocol, metrics in scores.items():
+            if metrics[SELECT_ON] > self.best[protocol].metrics[SELECT_ON]:
+                state = state or trainable_state(self.tail)
+                self.best[protocol] = BestState(state, metrics, f"{trial.candidate.describe()}, step {trial.steps}",
+                                                trial.candidate, trial.steps)
 
+    def reserve(self, leader: Trial, per_step: float) -> float:
+        """Seconds for retraining the best state; while the leader's last score is the best one, its current state
+        (the next score may move the best there)."""
+        best = self.best[self.primary]
+        improving = best.candidate == leader.candidate and bool(leader.history) and \
+            best.step == leader.history[-1][0]
+        steps = leader.steps if improving else best.step
+        return per_step * steps * (float(np.median(self.step_times[-50:])) if self.step_times else 0.0)
+
+    def result(self, trials: list[Trial]) -> TuneResult:
+        load_trainable(self.tail, self.start_state)
+        step_s = float(np.median(self.step_times)) if self.step_times else float("nan")
+        return TuneResult(self.best, self.primary, trials, self.pretrained, self.start_state, step_s)
+
+
+def tune(tail: nn.Module, cache: TrunkCache, train_rows: np.ndarray, train_labels: np.ndarray,
+         validate: Callable[[], Scored], candidates: Sequence[Candidate], *, seconds: float, clock: Clock,
+         primary: str = "known", batch_size: int = 64, m: int = 4, seed: int = 0,
+         reserve_per_step: float = 0.0) -> TuneResult:
+    """Train ``tail`` on the cached trunk outputs of ``train_rows`` for about ``seconds``; ``validate()``
+    scores the tail's current state on every validation protocol (``{protocol: metrics}``), ``primary`` leading.
+    ``reserve_per_step``: the best candidate's continuation leaves ``reserve_per_step`` × (the best state's step) ×
+    (one step's time) of ``seconds`` unused, the time of retraining the winner (:func:`retrain`), recomputed at
+    every step as the best state moves."""
+    tuning = _Tuning(tail, cache, train_rows, train_labels, validate, primary, clock,
+                     _Batches(train_labels, batch_size, m, seed), seed)
+    pretrained = tuning.pretrained[primary][SELECT_ON]
+    trials = [Trial(c, copy.deepcopy(tuning.start_state)) for c in candidates]
+    began = time.monotonic()
     share = FIRST_ROUND_SHARE if len(trials) > 1 else 1.0
     each = seconds * share / len(trials)
     for trial in trials:
-        run(trial, each)
-        clock.line(f"  {trial.summary()} (pretrained {pretrained[SELECT_ON]:.4f})")
-    left = lambda: seconds - (time.monotonic() - began)  # noqa: E731
+        tuning.run(trial, each)
+        clock.line(f"  {trial.summary(primary)} (pretrained {pretrained:.4f})")
+    left = lambda: seconds - (time.monotonic() - began)
     if len(trials) > 1:
-        leader = max(trials, key=Trial.best)
+        leader = max(trials, key=lambda t: t.best(primary))
         for _ in range(GRID_EXTENSIONS):  # the best rate at an end of the grid: try one step beyond it, in the same time
             same_loss = [t.candidate.lr for t in trials if t.candidate.loss == leader.candidate.loss]
             beyond = lr_beyond(same_loss, leader.candidate.lr)
-            if beyond is None or leader.best() <= pretrained[SELECT_ON] or left() < each:
+            if beyond is None or leader.best(primary) <= pretrained or left() < each:
                 break
-            trials.append(Trial(Candidate(leader.candidate.loss, beyond), copy.deepcopy(start_state)))
-            run(trials[-1], each)
-            clock.line(f"  {trials[-1].summary()} (one step beyond the grid's end {leader.candidate.lr:g})")
-            leader = max(trials, key=Trial.best)
-
-        def reserve() -> float:
-            """Retraining the best state; while the leader's last score is the best one, its current state (the
-            next score may move the best there)."""
-            improving = best["trial"] == leader.candidate and bool(leader.history) and \
-                best["step"] == leader.history[-1][0]
-            steps = leader.steps if improving else best["step"]
-            return reserve_per_step * steps * (float(np.median(step_times[-50:])) if step_times else 0.0)
-
-        run(leader, left(), keep=reserve)
-        clock.line(f"  continued {leader.summary()}")
-    load_trainable(tail, start_state)
-    return TuneResult(best["state"], best["metrics"], best["from"], trials, pretrained, start_state,
-                      float(np.median(step_times)) if step_times else float("nan"), best["trial"], best["step"])
+            trials.append(Trial(Candidate(leader.candidate.loss, beyond), copy.deepcopy(tuning.start_state)))
+            tuning.run(trials[-1], each)
+            clock.line(f"  {trials[-1].summary(primary)} (one step beyond the grid's end {leader.candidate.lr:g})")
+            leader = max(trials, key=lambda t: t.best(primary))
+        tuning.run(leader, left(), keep=lambda: tuning.reserve(leader, reserve_per_step))
+        clock.line(f"  continued {leader.summary(primary)}")
+    return tuning.result(trials)
 
 
 def retrain(tail: nn.Module, cache: TrunkCache, rows: np.ndarray, labels: np.ndarray, candidate: Candidate,

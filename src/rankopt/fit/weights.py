@@ -6,7 +6,11 @@ from collections.abc import Callable
 from pathlib import Path
 
 from rankopt.engine.checkpoint import load_checkpoint
-from rankopt.engine.weights import cached_checkpoint, checkpoint_from_file, pretrained_checkpoint
+from rankopt.engine.weights import (
+    cached_checkpoint,
+    checkpoint_from_file,
+    pretrained_checkpoint,
+)
 
 
 def _is_rankopt_checkpoint(path: Path) -> bool:

@@ -4,7 +4,9 @@
 file                           content
 =============================  =======================================================================
 ``index.json``                 format and version, rankopt version, fingerprint, preprocessing, similarity,
-                               dim, count, checkpoint path, model summary, faiss spec/parameters/recall,
+                               dim, count, checkpoint path (relative to the index folder, POSIX, when the file
+                               lies in it or in the folder holding it, a fit's run folder: see
+                               :func:`stored_checkpoint`), model summary, faiss spec/parameters/recall,
                                created, threshold, next id; ``uid`` (random, written when the folder is created,
                                kept by every change: a folder rebuilt at the same path has a new one), ``version``
                                (1, 2, ... one more at each change), ``changed_utc`` and ``data``: the name of the
@@ -47,7 +49,7 @@ from typing import Any
 
 import torch
 
-from rankopt import __version__
+from rankopt import __version__, layout
 from rankopt.postprocess import WHITENING_KEY, Whitening, load_whitening, save_whitening
 from rankopt.search import approximate
 from rankopt.search.label_names import default_level_names
@@ -108,7 +110,7 @@ def write(directory: str | os.PathLike[str], stored: StoredIndex) -> Path:
         target.parent.mkdir(parents=True, exist_ok=True)
         tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent))
         try:
-            _write_version(tmp, stored, 1, uuid.uuid4().hex)
+            _write_version(tmp, stored, 1, uuid.uuid4().hex, target)
             os.replace(tmp, target)  # a missing or empty folder: replaced at once
             _fsync(target.parent)
             return target
@@ -125,14 +127,15 @@ def write(directory: str | os.PathLike[str], stored: StoredIndex) -> Path:
         _collect(target, info)
         version = _version_of(info) + 1
         try:
-            _write_version(target, stored, version, info.get("uid") or uuid.uuid4().hex)
+            _write_version(target, stored, version, info.get("uid") or uuid.uuid4().hex, target)
         finally:
             _collect(target, _read_json(target / INDEX_JSON))
     return target
 
 
-def _write_version(folder: Path, stored: StoredIndex, version: int, uid: str) -> None:
-    """The data folder of ``version`` in ``folder`` (flushed), then ``folder/index.json`` pointing at it."""
+def _write_version(folder: Path, stored: StoredIndex, version: int, uid: str, home: Path) -> None:
+    """The data folder of ``version`` in ``folder`` (flushed), then ``folder/index.json`` pointing at it; ``home``:
+    where the index folder will be (its checkpoint path is written relative to it)."""
     from safetensors.torch import save_file
 
     name = f"v{version:06d}"
@@ -156,8 +159,8 @@ def _write_version(folder: Path, stored: StoredIndex, version: int, uid: str) ->
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    info = {**stored.description(), "uid": uid, "version": version, "data": name,
-            "changed_utc": f"{datetime.now(timezone.utc):%Y-%m-%d %H:%M:%S.%f UTC}"}
+    info = {**stored.description(), **stored_checkpoint(stored.info.checkpoint, home), "uid": uid,
+            "version": version, "data": name, "changed_utc": f"{datetime.now(timezone.utc):%Y-%m-%d %H:%M:%S.%f UTC}"}
     _write_json_durably(folder / INDEX_JSON, info)
 
 
@@ -235,10 +238,40 @@ def locked(directory: str | os.PathLike[str]) -> Iterator[None]:
 
 def index_folder(path: str | os.PathLike[str]) -> Path:
     """``path``, or ``path/index`` when ``path`` is a ``rankopt fit`` run folder (its index inside, no
-    ``index.json`` of its own): a run folder is accepted wherever an index folder is."""
+    ``index.json`` of its own): a run folder is accepted wherever an index folder is. A fit that did not finish
+    (:func:`rankopt.layout.refusal`: its run folder, or the index folder inside one) is a ``ValueError``."""
     folder = Path(path)
-    inner = folder / "index"
-    return inner if not (folder / INDEX_JSON).exists() and (inner / INDEX_JSON).exists() else folder
+    inner = folder / layout.INDEX_DIR
+    own = (folder / INDEX_JSON).exists()
+    run = folder.parent if own and folder.name == layout.INDEX_DIR else folder
+    why = layout.refusal(run, indexed=own or (inner / INDEX_JSON).exists())
+    if why is not None:
+        raise ValueError(why)
+    return inner if not own and (inner / INDEX_JSON).exists() else folder
+
+
+def stored_checkpoint(checkpoint: str | None, home: str | os.PathLike[str]) -> dict[str, str | None]:
+    """``index.json``'s checkpoint entries for an index folder at ``home``: a file in ``home`` or in the folder
+    holding it (a fit's run folder) as a POSIX path relative to ``home``, with its absolute path as written
+    (``checkpoint_absolute``: for a copy of the index folder alone); another file by its absolute path."""
+    if not checkpoint:
+        return {"checkpoint": checkpoint}
+    path, home = Path(checkpoint).resolve(), Path(home).resolve()
+    if not path.is_relative_to(home.parent):
+        return {"checkpoint": str(path)}
+    return {"checkpoint": Path(os.path.relpath(path, home)).as_posix(), "checkpoint_absolute": str(path)}
+
+
+def found_checkpoint(info: Mapping[str, Any], folder: str | os.PathLike[str]) -> str | None:
+    """The absolute path of the checkpoint ``index.json`` (``info``) of ``folder`` names, as things lie now: a
+    relative path against ``folder`` where it is now, else the absolute path written, else (a run moved before
+    paths were relative) a file of its name beside ``folder`` or in it; the first of these when none exists."""
+    if not info.get("checkpoint"):
+        return info.get("checkpoint")
+    path, here = Path(info["checkpoint"]), Path(folder).resolve()
+    candidates = [here / path, *([Path(info["checkpoint_absolute"])] if info.get("checkpoint_absolute") else []),
+                  here.parent / path.name, here / path.name]
+    return str(next((c for c in candidates if c.is_file()), candidates[0]).resolve())
 
 
 def check_target(directory: str | os.PathLike[str]) -> Path:
@@ -335,8 +368,9 @@ def _read_version(folder: Path, info: dict[str, Any]) -> StoredIndex:
             raise ValueError(f"{path} holds {faiss_index.ntotal} vectors of dimension {faiss_index.d}, "
                              f"but {INDEX_JSON} says {count} of dimension {dim}")
         approximate.set_params(faiss_index, info["faiss"].get("params"))
+    record = IndexInfo.from_json({**info, "checkpoint": found_checkpoint(info, folder)})
     return StoredIndex(embeddings, labels, info["fingerprint"], info["similarity"], info.get("preprocessing") or {},
-                       IndexInfo.from_json(info), items, info.get("next_id"), faiss_index, _read_whitening(data, info),
+                       record, items, info.get("next_id"), faiss_index, _read_whitening(data, info),
                        str(info.get("data", "")), unaugmented)
 
 

@@ -1,0 +1,56 @@
+"""What ``rankopt fit`` takes besides the photos (:class:`FitSettings`), and its run folder's check."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+from rankopt import layout
+
+
+@dataclass(frozen=True)
+class FitSettings:
+    """What ``rankopt fit`` takes besides the photos and the run folder."""
+
+    minutes: float = 10.0
+    backbone: str = "mobilenet_v2"
+    weights: str | None = None
+    seed: int = 0
+    device: str = "auto"
+    validation_fraction: float = 0.2
+    """Share of each class's photos kept back, and of the classes held out whole (:mod:`rankopt.fit.validation`)."""
+    queries: str = "both"
+    """The searches the index will answer (:data:`rankopt.fit.validation.QUERIES`): ``known`` new photos of the
+    folder's classes, ``new`` photos of other classes, ``both``."""
+    losses: tuple[str, ...] = ("sup_ap",)
+    lrs: tuple[float, ...] = (1e-5, 3e-5, 1e-4)
+    """Adam learning rates tried first (the tuning extends the grid beyond a winning end)."""
+    batch_size: int = 64
+    m: int = 4
+    dba: bool = True
+    """Whether DBA is tried on validation (the index stays changeable: its vectors are recomputed on a change)."""
+    refit: bool = True
+    """Whether the chosen recipe (loss, learning rate, steps) is run again on every photo for the served model
+    (:func:`rankopt.fit.tune.retrain`; the steps scaled by the photos added)."""
+    overwrite: bool = False
+    """Whether an existing run folder (a fit's, finished or not) is replaced."""
+
+
+def check_run_folder(out: str | os.PathLike[str], overwrite: bool = False) -> Path:
+    """``out`` as a new run folder. An existing non-empty folder is refused in one sentence, unless ``overwrite``
+    and it is a fit's run folder (then it is removed); a folder of anything else is never removed."""
+    folder = Path(out).expanduser()
+    if not folder.exists() or (folder.is_dir() and not any(folder.iterdir())):
+        return folder
+    is_run = folder.is_dir() and ((folder / layout.FIT_JSON).is_file() or (folder / layout.UNFINISHED).is_file())
+    if overwrite and is_run:
+        shutil.rmtree(folder)
+        return folder
+    unfinished = layout.read_unfinished(folder) if folder.is_dir() else None
+    if unfinished is not None:
+        raise FileExistsError(layout.unfinished_message(folder, unfinished))
+    what = "holds a finished fit: add --overwrite to replace it, or" if is_run else "already exists and is not " \
+        "empty (it is not a fit's run folder, so --overwrite does not touch it):"
+    raise FileExistsError(f"run folder {str(folder)!r} {what} choose a new --out")

@@ -1,0 +1,267 @@
+"""How ``rankopt fit`` validates: as the served index is searched.
+
+A person who fits a folder mostly searches it with *new photos of the kinds in it* (closed-set, ``known``), and
+sometimes with photos of *kinds it does not hold yet* (open-set, ``new``: the papers' protocol). The photos are
+split once (:func:`make_split`):
+
+- every class keeps back a share of its photos (:data:`KNOWN_FRACTION`): the ``known`` queries, never trained on;
+- where the folder has :data:`OPEN_MIN_CLASSES` classes or more, whole classes are held out too: half of each
+  one's photos are indexed, the other half are the ``new`` queries; none of them is trained on;
+- the training photos (the rest of the kept classes) and the indexed photos of the held-out classes form the
+  validation index (:attr:`ValidationSplit.gallery`), at most :data:`GALLERY_MAX` photos, sampled by class.
+
+Every pipeline (a model state with post-processing steps) is scored as ``rankopt serve`` answers a query
+(:func:`score`): whitening fitted on the training photos only, DBA computed over the index, αQE on the query
+against it; the queries are never in the index. The served pipeline is chosen by the searches the person states
+(``--queries``, :func:`choose_served`): ``known`` the best closed-set score, ``new`` the best open-set score, ``both``
+(default) the best closed-set score among the pipelines whose open-set score is not below the features' by more
+than the noise of the held-out classes. A fine-tuned pipeline replaces the features' only when its gain per
+validation class is clear (:func:`per_class_gain`).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from rankopt.config import EvalConfig
+from rankopt.engine.embed_and_score import CATEGORY, EmbeddedSplit
+from rankopt.engine.embed_and_score import score as score_splits
+from rankopt.postprocess import PostProcessing
+
+KNOWN, NEW = "known", "new"
+QUERIES = ("known", "new", "both")
+"""The searches ``--queries`` names: new photos of the folder's classes, photos of new classes, or both."""
+METRICS = ("map@r", "recall@1")
+SELECT_ON = "map@r"
+"""What every choice of a fit is made on (tuning, post-processing, framing, the served pipeline)."""
+KNOWN_FRACTION = 0.2
+"""Share of each class's photos kept back as closed-set queries (at least one where a class has two photos)."""
+OPEN_FRACTION = 0.2
+"""Share of the classes held out whole for the open-set queries, where the folder has enough classes."""
+OPEN_MIN_CLASSES = 10
+"""Fewest classes for open-set validation (2 held out); below, the fit validates on closed-set queries alone."""
+GALLERY_MAX = 4000
+KNOWN_QUERIES_MAX, NEW_QUERIES_MAX = 2000, 1000
+"""Caps on the validation index and queries (sampled by class): a validation's cost stays bounded on large folders."""
+MIN_GAIN_SE = 1.0
+"""A fine-tuned pipeline replaces the features' when its gain per class exceeds this many standard errors."""
+NAMES = {KNOWN: "new photos of known classes (closed-set)", NEW: "photos of new classes (open-set)"}
+
+
+@dataclass(frozen=True)
+class ValidationSplit:
+    """Row sets of the photos (indices into ``labels``): the training photos, the ``known`` queries (kept-back photos
+    of the training classes), the held-out classes' indexed photos and ``new`` queries, and the validation index."""
+
+    labels: np.ndarray
+    class_names: list[str]
+    train: np.ndarray
+    known_queries: np.ndarray
+    new_gallery: np.ndarray
+    new_queries: np.ndarray
+    gallery: np.ndarray
+    open_note: str = ""
+    """Why open-set validation is or is not made."""
+
+    @property
+    def protocols(self) -> tuple[str, ...]:
+        return (KNOWN, NEW) if self.new_queries.size else (KNOWN,)
+
+    @property
+    def rows(self) -> np.ndarray:
+        """Every row a validation embeds (the index and the queries), sorted: the order of validation embeddings."""
+        return np.unique(np.concatenate([self.gallery, self.known_queries, self.new_queries]))
+
+    def queries(self, protocol: str) -> np.ndarray:
+        return self.known_queries if protocol == KNOWN else self.new_queries
+
+    def held_out_classes(self) -> np.ndarray:
+        return np.unique(self.labels[self.new_gallery])
+
+    def never_trained(self) -> np.ndarray:
+        """Rows the tuning never sees: the kept-back photos and the held-out classes."""
+        return np.setdiff1d(np.arange(len(self.labels)), self.train)
+
+    def positions(self, rows: np.ndarray) -> torch.Tensor:
+        """Where ``rows`` sit in :attr:`rows` (and so in validation embeddings)."""
+        return torch.as_tensor(np.searchsorted(self.rows, rows))
+
+    def summary(self) -> str:
+        known = np.unique(self.labels[self.known_queries]).size
+        text = (f"{len(self.labels):,} photos in {len(self.class_names)} classes; {self.known_queries.size:,} photos of "
+                f"{known} classes kept back as new photos of known classes")
+        if self.new_queries.size:
+            held = self.held_out_classes().size
+            text += f", {held} classes ({self.new_gallery.size + self.new_queries.size:,} photos) held out as new classes"
+        return text + (f" ({self.open_note})" if self.open_note and not self.new_queries.size else "")
+
+
+def _kept_back(rows: np.ndarray, share: float, rng: np.random.Generator) -> np.ndarray:
+    """``max(1, round(share·n))`` of a class's ``n`` rows (none when it has one photo; one always stays)."""
+    if rows.size < 2:
+        return rows[:0]
+    count = min(rows.size - 1, max(1, round(share * rows.size)))
+    return np.sort(rng.choice(rows, count, replace=False))
+
+
+def _capped(rows: np.ndarray, labels: np.ndarray, cap: int, rng: np.random.Generator,
+            keep: np.ndarray | None = None) -> np.ndarray:
+    """``rows`` when at most ``cap``, else a sample of each class's rows in proportion (at least one each);
+    ``keep``: rows always kept (counted in the cap)."""
+    kept = np.array([], dtype=np.int64) if keep is None else np.asarray(keep, dtype=np.int64)
+    if rows.size + kept.size <= cap:
+        return np.union1d(rows, kept)
+    share = max(0.0, cap - kept.size) / max(1, rows.size)
+    picked = [np.sort(rng.choice(r, min(r.size, max(1, round(share * r.size))), replace=False))
+              for r in (rows[labels[rows] == c] for c in np.unique(labels[rows]))]
+    return np.union1d(np.concatenate(picked), kept)
+
+
+def make_split(labels: np.ndarray, class_names: Sequence[str], seed: int, *,
+               known_fraction: float = KNOWN_FRACTION, open_fraction: float = OPEN_FRACTION) -> ValidationSplit:
+    """The split of the module docstring, drawn with ``seed``. Classes with one photo are trained on (no query)."""
+    labels = np.asarray(labels)
+    rng = np.random.default_rng(seed)
+    classes, counts = np.unique(labels, return_counts=True)
+    if classes.size < 2:
+        raise ValueError(f"{classes.size} class: a fit needs at least 2 classes, each in its own folder")
+    if (counts >= 2).sum() < 2:
+        raise ValueError("fewer than 2 classes have 2 or more photos: nothing to validate on")
+    queryable = classes[counts >= 2]
+    held: np.ndarray = classes[:0]
+    note = f"{classes.size} classes, fewer than {OPEN_MIN_CLASSES}: too few to hold whole classes out, so " \
+           "validation is on new photos of known classes alone"
+    if classes.size >= OPEN_MIN_CLASSES:
+        count = max(2, round(open_fraction * classes.size))
+        held, note = np.sort(rng.permutation(queryable)[:count]), ""
+    new_gallery, new_queries, known, train = [], [], [], []
+    for c in classes:
+        rows = np.flatnonzero(labels == c)
+        back = _kept_back(rows, 0.5 if c in held else known_fraction, rng)
+        (new_queries if c in held else known).append(back)
+        (new_gallery if c in held else train).append(np.setdiff1d(rows, back))
+    none = np.array([], dtype=np.int64)
+    train_rows, new_gallery_rows = np.concatenate(train), np.concatenate([none, *new_gallery])
+    known_rows = _capped(np.concatenate(known), labels, KNOWN_QUERIES_MAX, rng)
+    new_rows = _capped(np.concatenate([none, *new_queries]), labels, NEW_QUERIES_MAX, rng)
+    gallery = _capped(train_rows, labels, GALLERY_MAX, rng, keep=new_gallery_rows)
+    return ValidationSplit(labels, list(class_names), train_rows, known_rows, new_gallery_rows, new_rows, gallery,
+                           note)
+
+
+@dataclass(frozen=True)
+class Scores:
+    """One protocol's metrics over its queries and per query class (``{class: {metric: value}}``)."""
+
+    metrics: dict[str, float]
+    by_class: dict[str, dict[str, float]] = field(default_factory=dict)
+
+    @property
+    def value(self) -> float:
+        return self.metrics[SELECT_ON]
+
+    def spread(self) -> float:
+        """Sample sd over the classes of their :data:`SELECT_ON` (nan with fewer than two)."""
+        values = np.array([m[SELECT_ON] for m in self.by_class.values() if not math.isnan(m[SELECT_ON])])
+        return float(values.std(ddof=1)) if values.size > 1 else float("nan")
+
+    def to_dict(self) -> dict[str, object]:
+        return {"metrics": self.metrics, "by_class": self.by_class, "sd_over_classes": self.spread()}
+
+
+def score(x: torch.Tensor, split: ValidationSplit, protocol: str, post: PostProcessing | None = None) -> Scores:
+    """``protocol``'s queries searched in the validation index as ``rankopt serve`` answers them: ``x`` holds the
+    embeddings of :attr:`ValidationSplit.rows`; ``post``'s whitening applied to both, its DBA to the index, its αQE
+    to each query against the augmented index."""
+    queries = split.queries(protocol)
+    labels = torch.as_tensor(split.labels).long()
+    names = [split.class_names[c] for c in split.labels[queries]]
+    query = EmbeddedSplit(x[split.positions(queries)], labels[queries].view(-1, 1), [], {CATEGORY: names})
+    gallery = EmbeddedSplit(x[split.positions(split.gallery)], labels[split.gallery].view(-1, 1), [], {})
+    result = score_splits([query, gallery], EvalConfig(), metrics=list(METRICS), postprocessing=post)
+    return Scores(dict(result.metrics), {name: dict(r.metrics) for name, r in result.by_category.items()})
+
+
+def score_all(x: torch.Tensor, split: ValidationSplit, post: PostProcessing | None = None) -> dict[str, Scores]:
+    """:func:`score` for every protocol the split has."""
+    return {protocol: score(x, split, protocol, post) for protocol in split.protocols}
+
+
+def per_class_gain(base_by_class: dict[str, dict[str, float]], other_by_class: dict[str, dict[str, float]]
+                   ) -> tuple[float, float, bool]:
+    """``(ḡ, se, clear)``: the mean gain ``ḡ = mean_c(mAP@R_other(c) − mAP@R_base(c))`` over the classes, its standard
+    error, and whether it is positive and over :data:`MIN_GAIN_SE` standard errors (a smaller gain is not told from
+    the luck of these classes)."""
+    gains = np.array([other_by_class[c][SELECT_ON] - base_by_class[c][SELECT_ON] for c in base_by_class])
+    mean = float(gains.mean())
+    se = float(gains.std(ddof=1) / np.sqrt(gains.size)) if gains.size > 1 else float("inf")
+    return mean, se, mean > 0 and mean > MIN_GAIN_SE * se
+
+
+@dataclass
+class Pipeline:
+    """A candidate for serving: a model state (``features``: the pretrained model) with post-processing chosen for
+    one protocol (``steps_for``; ``None``: no post-processing), and its scores on every protocol."""
+
+    model: str
+    steps_for: str | None
+    scores: dict[str, Scores]
+    steps: str = "none"
+    """The post-processing in words."""
+
+    @property
+    def name(self) -> str:
+        return self.model if self.steps_for is None else f"{self.model} + post-processing for {self.steps_for} queries"
+
+    @property
+    def trained(self) -> bool:
+        return self.model != "features"
+
+
+def _best(pipelines: Sequence[Pipeline], protocol: str) -> Pipeline:
+    return max(pipelines, key=lambda p: p.scores[protocol].value)
+
+
+def _gain_text(mean: float, se: float, classes: int, protocol: str) -> str:
+    return f"{mean:+.4f} mAP@R per class on {NAMES[protocol]} (standard error {se:.4f}, {classes} classes)"
+
+
+def choose_served(pipelines: Sequence[Pipeline], queries: str, protocols: Sequence[str]) -> tuple[Pipeline, list[str]]:
+    """The pipeline to serve for ``queries`` (``known``, ``new``, ``both``) and why, in sentences.
+
+    On the protocol chosen by (``known`` for ``both``; ``known`` alone where the split has no open-set queries), the
+    best untrained pipeline is the reference; the best fine-tuned pipeline replaces it when its gain per class is
+    clear (:func:`per_class_gain`). With ``both``, a pipeline is eligible only when its open-set gain over the best
+    untrained open-set pipeline is not below ``−MIN_GAIN_SE`` standard errors."""
+    why: list[str] = []
+    by = KNOWN if queries in (KNOWN, "both") or NEW not in protocols else NEW
+    if queries == NEW and NEW not in protocols:
+        why.append("--queries new, but the folder has too few classes to validate on new classes: chosen on new "
+                   "photos of known classes")
+    eligible = list(pipelines)
+    if queries == "both" and NEW in protocols:
+        floor = _best([p for p in pipelines if not p.trained], NEW)
+        kept = []
+        for p in pipelines:
+            mean, se, _ = per_class_gain(floor.scores[NEW].by_class, p.scores[NEW].by_class)
+            if p is floor or mean >= -MIN_GAIN_SE * se:
+                kept.append(p)
+            else:
+                why.append(f"{p.name} left out: on {NAMES[NEW]} it is below {floor.name} beyond the noise "
+                           f"({_gain_text(mean, se, len(p.scores[NEW].by_class), NEW)})")
+        eligible = kept
+    reference = _best([p for p in eligible if not p.trained], by)
+    trained = [p for p in eligible if p.trained]
+    if not trained:
+        return reference, why + [f"served: {reference.name} (best on {NAMES[by]}; no fine-tuned pipeline was eligible)"]
+    challenger = _best(trained, by)
+    mean, se, clear = per_class_gain(reference.scores[by].by_class, challenger.scores[by].by_class)
+    said = f"{challenger.name} against {reference.name}: {_gain_text(mean, se, len(reference.scores[by].by_class), by)}"
+    if clear:
+        return challenger, why + [f"{said}: the fine-tuned pipeline is served"]
+    return reference, why + [f"{said}, not more than {MIN_GAIN_SE:g} standard error: the untrained pipeline is served"]

@@ -313,16 +313,16 @@ def test_multiscale_is_compared_with_the_model_validation_may_score_and_indexed_
                 param.add_(torch.randn(param.shape, generator=torch.Generator().manual_seed(len(calls))))
 
     beaten, unbeatable = {"known": -1.0}, {"known": 2.0}
-    trial = try_multiscale(net, dataset, split, beaten, dba=True, decide_on=["known"], retrained=retrained, **kw)
+    trial = try_multiscale(net, dataset, split, beaten, dba=True, steps_for="known", decide_on=["known"], retrained=retrained, **kw)
     assert calls == [1] and "embedded again with the retrained one" in trial.note
     on_before = choose_for_protocols(before[torch.as_tensor(split.rows)], split)["known"]
     assert trial.choice is not None and trial.choice.metrics == pytest.approx(on_before.metrics)  # chosen before it
     assert trial.embeddings is not None and not torch.allclose(trial.embeddings, before, atol=1e-3)
     assert torch.allclose(trial.embeddings, embed_multiscale(net, dataset, **kw), atol=1e-5)  # indexed with it
-    late = try_multiscale(net, dataset, split, beaten, dba=True, decide_on=["known"], retrained=retrained,
+    late = try_multiscale(net, dataset, split, beaten, dba=True, steps_for="known", decide_on=["known"], retrained=retrained,
                           time_left=lambda: 1.0, pass_s=2.0, **kw)
     assert late.choice is None and late.embeddings is None and "not served: no time left" in late.note
-    lost = try_multiscale(net, dataset, split, unbeatable, dba=True, decide_on=["known"], retrained=retrained, **kw)
+    lost = try_multiscale(net, dataset, split, unbeatable, dba=True, steps_for="known", decide_on=["known"], retrained=retrained, **kw)
     assert lost.choice is None and "not kept" in lost.note and calls == [1]
-    plain = try_multiscale(net, dataset, split, beaten, dba=True, decide_on=["known"], **kw)  # no retrained model
+    plain = try_multiscale(net, dataset, split, beaten, dba=True, steps_for="known", decide_on=["known"], **kw)  # no retrained model
     assert plain.embeddings is not None and torch.allclose(plain.embeddings, embed_multiscale(net, dataset, **kw))

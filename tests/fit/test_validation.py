@@ -14,15 +14,18 @@ from rankopt.fit.post import (
     score_self_retrieval,
 )
 from rankopt.fit.validation import (
+    BOTH,
     KNOWN,
     NEW,
     OPEN_MIN_CLASSES,
     Pipeline,
     Scores,
+    admissible,
     choose_served,
     make_split,
     per_class_gain,
     score,
+    score_all,
 )
 from rankopt.postprocess import Expansion, PostProcessing
 from rankopt.postprocess.expansion import alpha_query_expansion, database_augmentation
@@ -118,11 +121,20 @@ def test_post_processing_is_chosen_per_protocol_with_the_scores_of_its_own_steps
     x, labels = clustered(12, 10, 16, 0.9, 1)
     split = make_split(labels, names(12), seed=0)
     choices = choose_for_protocols(x, split)
-    assert set(choices) == {KNOWN, NEW}
-    for protocol, choice in choices.items():
+    assert set(choices) == {KNOWN, NEW, BOTH}
+    for protocol in (KNOWN, NEW):
+        choice = choices[protocol]
         assert choice.metrics["map@r"] == pytest.approx(score(x, split, protocol, choice.steps(choice.fitted)).value)
         assert choice.metrics["map@r"] >= score(x, split, protocol).value  # a step is kept only when it helps
         assert choice.tried[0][0] == "none"
+    # both: the best on known among the steps not below the features' best on new classes beyond the noise
+    floor = max((score(x, split, NEW), score(x, split, NEW, choices[NEW].steps(choices[NEW].fitted))),
+                key=lambda s: s.value)
+    both = score_all(x, split, choices[BOTH].steps(choices[BOTH].fitted))
+    assert admissible(floor, both[NEW])[0] and choices[BOTH].metrics["map@r"] == pytest.approx(both[KNOWN].value)
+    assert choices[BOTH].metrics["map@r"] <= choices[KNOWN].metrics["map@r"] + 1e-12
+    strict = choose_for_protocols(x, split, floor=Scores(floor.metrics, {c: {"map@r": 2.0} for c in floor.by_class}))
+    assert strict[BOTH].describe() == "none" and all(v == float("-inf") for _, v in strict[BOTH].tried)
 
 
 def test_the_papers_self_retrieval_choice_is_kept_for_the_benchmarks():

@@ -23,7 +23,16 @@ import torch
 from rankopt.config import EvalConfig
 from rankopt.engine.embed_and_score import CATEGORY, EmbeddedSplit, score
 from rankopt.fit import validation
-from rankopt.fit.validation import METRICS, SELECT_ON, ValidationSplit
+from rankopt.fit.validation import (
+    BOTH,
+    KNOWN,
+    METRICS,
+    NEW,
+    SELECT_ON,
+    Scores,
+    ValidationSplit,
+    admissible,
+)
 from rankopt.postprocess import (
     Expansion,
     PostProcessing,
@@ -164,10 +173,13 @@ def choose_postprocessing(train_x: torch.Tensor, train_labels: np.ndarray, val_x
 
 
 def choose_for_protocols(x: torch.Tensor, split: ValidationSplit, *, dba: bool = True,
-                         ks: Sequence[int] = EXPANSION_KS) -> dict[str, PostChoice]:
+                         ks: Sequence[int] = EXPANSION_KS, floor: Scores | None = None) -> dict[str, PostChoice]:
     """For each protocol of ``split``, the steps chosen on its queries against the validation index
     (:func:`rankopt.fit.validation.score`), the whitenings fitted on the training photos of the validation index
-    (``x``: the embeddings of :attr:`ValidationSplit.rows`). The choice's metrics are those of its own protocol."""
+    (``x``: the embeddings of :attr:`ValidationSplit.rows`); with both protocols, also ``both``: the best steps on
+    known queries among those :func:`~rankopt.fit.validation.admissible` on new ones against ``floor`` (default:
+    the best of ``x`` alone and the steps chosen for new queries). Each choice's metrics are those it was chosen
+    on (``both``: known queries)."""
     train_rows = np.intersect1d(split.train, split.gallery)  # the training photos the validation index holds
     train_x, train_labels = x[split.positions(train_rows)], split.labels[train_rows]
     choices = {}
@@ -176,4 +188,17 @@ def choose_for_protocols(x: torch.Tensor, split: ValidationSplit, *, dba: bool =
                               lambda post, p=protocol: validation.score(x, split, p, post).value, dba=dba, ks=ks)
         choice.metrics = validation.score(x, split, protocol, choice.steps(choice.fitted)).metrics
         choices[protocol] = choice
+    if NEW not in split.protocols:
+        return choices
+    if floor is None:
+        floor = max((validation.score(x, split, NEW), validation.score(x, split, NEW, choices[NEW].steps(
+            choices[NEW].fitted))), key=lambda s: s.value)
+
+    def on_both(post: PostProcessing) -> float:
+        scores = validation.score_all(x, split, post)
+        return scores[KNOWN].value if admissible(floor, scores[NEW])[0] else float("-inf")
+
+    choice = choose_steps(train_x, train_labels, on_both, dba=dba, ks=ks)
+    choice.metrics = validation.score(x, split, KNOWN, choice.steps(choice.fitted)).metrics
+    choices[BOTH] = choice
     return choices

@@ -73,6 +73,7 @@ from rankopt.fit.validation import (
     QUERIES,
     Pipeline,
     choose_served,
+    open_floor,
     score_all,
 )
 from rankopt.fit.weights import resolve_checkpoint
@@ -250,11 +251,12 @@ def _frame_and_cache(run: _Fit) -> None:
 
 def _add_pipelines(run: _Fit, model: str, x: torch.Tensor) -> None:
     """The pipelines of ``model`` (validation embeddings ``x``): alone, and with the post-processing chosen for each
-    protocol (a choice equal to one already listed is not repeated)."""
+    protocol and for both (a choice equal to one already listed is not repeated)."""
     split = run.split
+    floor = open_floor(run.pipelines) if model != FEATURES and NEW in split.protocols else None
     run.pipelines.append(Pipeline(model, None, score_all(x, split), "none"))
     listed = {"none"}
-    for protocol, choice in choose_for_protocols(x, split, dba=run.settings.dba).items():
+    for protocol, choice in choose_for_protocols(x, split, dba=run.settings.dba, floor=floor).items():
         run.choices[model, protocol] = choice
         if choice.describe() not in listed:
             listed.add(choice.describe())
@@ -414,7 +416,7 @@ def _scales(run: _Fit) -> tuple[torch.Tensor, PostChoice, tuple[float, ...] | No
         if retrained:
             states.load(served.model)
         trial = try_multiscale(run.net, run.photos.dataset, run.split, {p: served.scores[p].value for p in decide_on},
-                               device=run.device, batch_size=run.sizing.trunk_batch, workers=run.sizing.workers,
+                               steps_for=served.steps_for or decide_on[0], device=run.device, batch_size=run.sizing.trunk_batch, workers=run.sizing.workers,
                                dba=run.settings.dba, decide_on=decide_on,
                                retrained=(lambda: states.load("refit")) if retrained else None,
                                time_left=lambda: clock.left() - clock.planned.get("index", 0.0),

@@ -51,19 +51,19 @@ def embed_multiscale(net: RetrievalNet, dataset: RetrievalDataset, *, device: to
 
 
 def try_multiscale(net: RetrievalNet, dataset: RetrievalDataset, split: ValidationSplit, single: dict[str, float],
-                   *, device: torch.device, batch_size: int, workers: int, dba: bool, decide_on: Sequence[str],
+                   *, steps_for: str, device: torch.device, batch_size: int, workers: int, dba: bool, decide_on: Sequence[str],
                    retrained: Callable[[], None] | None = None, time_left: Callable[[], float] = lambda: math.inf,
                    pass_s: float = 0.0) -> MultiScaleTrial:
     """Embed every photo at :data:`DEFAULT_SCALES` with ``net`` as it is (the model the single-scale scores
-    ``single`` (``{protocol: mAP@R}``) come from), choose post-processing on them as for one scale (on
-    ``decide_on[0]``), and keep them when their validation mAP@R beats ``single``'s on every protocol of
+    ``single`` (``{protocol: mAP@R}``) come from), choose post-processing on them as for one scale (for
+    ``steps_for``), and keep them when their validation mAP@R beats ``single``'s on every protocol of
     ``decide_on``. ``retrained``: loads the served model into ``net`` when it is not the one validation may score
     (it trained on the validation photos); a kept trial is then embedded again with it, when ``time_left()`` allows a
     pass of ``pass_s`` seconds, and else not served."""
     kw = {"device": device, "batch_size": batch_size, "workers": workers}
     x = embed_multiscale(net, dataset, **kw)
     xv = x[torch.as_tensor(split.rows)]
-    choice = choose_for_protocols(xv, split, dba=dba)[decide_on[0]]
+    choice = choose_for_protocols(xv, split, dba=dba)[steps_for]
     values = {p: score(xv, split, p, choice.steps(choice.fitted)).value for p in decide_on}
     said = ", ".join(f"{p} queries {values[p]:.4f} against {single[p]:.4f}" for p in decide_on)
     if any(values[p] <= single[p] for p in decide_on):

@@ -32,9 +32,10 @@ from rankopt.config import EvalConfig
 from rankopt.engine.embed_and_score import CATEGORY, EmbeddedSplit
 from rankopt.engine.embed_and_score import score as score_splits
 from rankopt.postprocess import PostProcessing
+from rankopt.postprocess.expansion import database_augmentation
 
-KNOWN, NEW = "known", "new"
-QUERIES = ("known", "new", "both")
+KNOWN, NEW, BOTH = "known", "new", "both"
+QUERIES = (KNOWN, NEW, BOTH)
 """The searches ``--queries`` names: new photos of the folder's classes, photos of new classes, or both."""
 METRICS = ("map@r", "recall@1")
 SELECT_ON = "map@r"
@@ -45,7 +46,7 @@ OPEN_FRACTION = 0.2
 """Share of the classes held out whole for the open-set queries, where the folder has enough classes."""
 OPEN_MIN_CLASSES = 10
 """Fewest classes for open-set validation (2 held out); below, the fit validates on closed-set queries alone."""
-GALLERY_MAX = 4000
+GALLERY_MAX = 3000
 KNOWN_QUERIES_MAX, NEW_QUERIES_MAX = 2000, 1000
 """Caps on the validation index and queries (sampled by class): a validation's cost stays bounded on large folders."""
 MIN_GAIN_SE = 1.0
@@ -178,18 +179,36 @@ def score(x: torch.Tensor, split: ValidationSplit, protocol: str, post: PostProc
     """``protocol``'s queries searched in the validation index as ``rankopt serve`` answers them: ``x`` holds the
     embeddings of :attr:`ValidationSplit.rows`; ``post``'s whitening applied to both, its DBA to the index, its αQE
     to each query against the augmented index."""
-    queries = split.queries(protocol)
+    return score_all(x, split, post, (protocol,))[protocol]
+
+
+def score_all(x: torch.Tensor, split: ValidationSplit, post: PostProcessing | None = None,
+              protocols: Sequence[str] | None = None) -> dict[str, Scores]:
+    """:func:`score` for ``protocols`` (default: every protocol of the split), the index whitened and augmented
+    once for all of them."""
+    post = post or PostProcessing()
+    whitened = post.whiten(x)
+    gallery = whitened[split.positions(split.gallery)]
+    if post.dba is not None:
+        gallery = database_augmentation(gallery, post.dba)
     labels = torch.as_tensor(split.labels).long()
-    names = [split.class_names[c] for c in split.labels[queries]]
-    query = EmbeddedSplit(x[split.positions(queries)], labels[queries].view(-1, 1), [], {CATEGORY: names})
-    gallery = EmbeddedSplit(x[split.positions(split.gallery)], labels[split.gallery].view(-1, 1), [], {})
-    result = score_splits([query, gallery], EvalConfig(), metrics=list(METRICS), postprocessing=post)
-    return Scores(dict(result.metrics), {name: dict(r.metrics) for name, r in result.by_category.items()})
+    index = EmbeddedSplit(gallery, labels[split.gallery].view(-1, 1), [], {})
+    expansion = PostProcessing(None, None, None, post.qe)
+    out = {}
+    for protocol in protocols or split.protocols:
+        queries = split.queries(protocol)
+        names = [split.class_names[c] for c in split.labels[queries]]
+        query = EmbeddedSplit(whitened[split.positions(queries)], labels[queries].view(-1, 1), [], {CATEGORY: names})
+        result = score_splits([query, index], EvalConfig(), metrics=list(METRICS), postprocessing=expansion)
+        out[protocol] = Scores(dict(result.metrics), {name: dict(r.metrics) for name, r in result.by_category.items()})
+    return out
 
 
-def score_all(x: torch.Tensor, split: ValidationSplit, post: PostProcessing | None = None) -> dict[str, Scores]:
-    """:func:`score` for every protocol the split has."""
-    return {protocol: score(x, split, protocol, post) for protocol in split.protocols}
+def admissible(floor: Scores, scores: Scores) -> tuple[bool, float, float]:
+    """``(ok, ḡ, se)``: whether ``scores`` on new classes are not below ``floor`` beyond the noise of those classes
+    (the gain per class :func:`per_class_gain` at least ``−MIN_GAIN_SE`` standard errors)."""
+    mean, se, _ = per_class_gain(floor.by_class, scores.by_class)
+    return mean >= -MIN_GAIN_SE * se, mean, se
 
 
 def per_class_gain(base_by_class: dict[str, dict[str, float]], other_by_class: dict[str, dict[str, float]]
@@ -206,7 +225,8 @@ def per_class_gain(base_by_class: dict[str, dict[str, float]], other_by_class: d
 @dataclass
 class Pipeline:
     """A candidate for serving: a model state (``features``: the pretrained model) with post-processing chosen for
-    one protocol (``steps_for``; ``None``: no post-processing), and its scores on every protocol."""
+    one protocol (``steps_for``: ``known``, ``new``, or ``both``: the best on known among the steps admissible on
+    new; ``None``: no post-processing), and its scores on every protocol."""
 
     model: str
     steps_for: str | None
@@ -221,6 +241,11 @@ class Pipeline:
     @property
     def trained(self) -> bool:
         return self.model != "features"
+
+
+def open_floor(pipelines: Sequence[Pipeline]) -> Scores:
+    """The best untrained pipeline's scores on new classes: the bar of ``--queries both``."""
+    return _best([p for p in pipelines if not p.trained], NEW).scores[NEW]
 
 
 def _best(pipelines: Sequence[Pipeline], protocol: str) -> Pipeline:
@@ -248,8 +273,8 @@ def choose_served(pipelines: Sequence[Pipeline], queries: str, protocols: Sequen
         floor = _best([p for p in pipelines if not p.trained], NEW)
         kept = []
         for p in pipelines:
-            mean, se, _ = per_class_gain(floor.scores[NEW].by_class, p.scores[NEW].by_class)
-            if p is floor or mean >= -MIN_GAIN_SE * se:
+            ok, mean, se = admissible(floor.scores[NEW], p.scores[NEW])
+            if p is floor or ok:
                 kept.append(p)
             else:
                 why.append(f"{p.name} left out: on {NAMES[NEW]} it is below {floor.name} beyond the noise "

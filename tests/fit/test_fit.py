@@ -184,7 +184,7 @@ def test_the_report_page_reads_and_shows_the_before_and_after(fitted, render_pag
     html = (run / "report.html").read_text()
     assert check_page(run / "report.html") == []
     for text in ("Every pipeline, searched as the index is", "features", "fine-tuned", "What was chosen",
-                 "Time per stage", "known: mAP@R"):
+                 "Time per stage", "known mAP@R"):
         assert text in html
     stored = json.loads((run / "fit.json").read_text())  # each pipeline's scores per validation class are kept
     assert all(p["scores"]["known"]["by_class"] for p in stored["pipelines"])

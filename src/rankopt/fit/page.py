@@ -60,13 +60,13 @@ def validation_table(record: FitRecord) -> str:
             highlight.append(i)
     header = ["model", "post-processing"]
     for protocol in protocols:
-        header += [f"{protocol}: mAP@R (± sd over classes)", f"{protocol}: R@1", f"{protocol}: Δ per class (± se)"]
+        header += [f"{protocol} mAP@R (± sd)", f"{protocol} R@1", f"{protocol} Δ (± se)"]
     v = record.validation
-    caption = (f"known: {v['known_queries']} new photos of the {v['train_classes']} training classes, never trained "
-               f"on; " + (f"new: {v['new_queries']} photos of {v['held_out_classes']} classes held out whole; "
-                          if "new" in protocols else "") +
-               f"each searched in an index of {v['index_photos']} photos as rankopt serve answers it. Δ: the gain per "
-               "class over the best untrained pipeline (the reference). Highlighted: the served pipeline.")
+    caption = (f"known: {v['known_queries']} new photos of the {v['train_classes']} training classes; " +
+               (f"new: {v['new_queries']} photos of {v['held_out_classes']} held-out classes; "
+                if "new" in protocols else "") +
+               f"an index of {v['index_photos']} photos. sd: over the classes; Δ: gain per class over the reference "
+               "(the best untrained pipeline), ± its standard error.")
     return table(header, rows, highlight_rows=highlight, caption=caption)
 
 

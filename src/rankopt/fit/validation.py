@@ -51,6 +51,10 @@ KNOWN_QUERIES_MAX, NEW_QUERIES_MAX = 2000, 1000
 """Caps on the validation index and queries (sampled by class): a validation's cost stays bounded on large folders."""
 MIN_GAIN_SE = 1.0
 """A fine-tuned pipeline replaces the features' when its gain per class exceeds this many standard errors."""
+NOT_WORSE_SE = 2.0
+"""With ``--queries both``, a pipeline is left out when it is below the features' best on new classes by more than
+this many standard errors of the per-class differences (about 97.5 % one-sided confidence that it is worse there);
+at 1, a Caltech-101 fit left out a pipeline 0.021 ± 0.015 below on new classes and 0.18 above on known ones."""
 NAMES = {KNOWN: "new photos of known classes (closed-set)", NEW: "photos of new classes (open-set)"}
 
 
@@ -206,9 +210,9 @@ def score_all(x: torch.Tensor, split: ValidationSplit, post: PostProcessing | No
 
 def admissible(floor: Scores, scores: Scores) -> tuple[bool, float, float]:
     """``(ok, ḡ, se)``: whether ``scores`` on new classes are not below ``floor`` beyond the noise of those classes
-    (the gain per class :func:`per_class_gain` at least ``−MIN_GAIN_SE`` standard errors)."""
+    (the gain per class :func:`per_class_gain` at least ``−NOT_WORSE_SE`` standard errors)."""
     mean, se, _ = per_class_gain(floor.by_class, scores.by_class)
-    return mean >= -MIN_GAIN_SE * se, mean, se
+    return mean >= -NOT_WORSE_SE * se, mean, se
 
 
 def per_class_gain(base_by_class: dict[str, dict[str, float]], other_by_class: dict[str, dict[str, float]]
@@ -277,7 +281,8 @@ def choose_served(pipelines: Sequence[Pipeline], queries: str, protocols: Sequen
             if p is floor or ok:
                 kept.append(p)
             else:
-                why.append(f"{p.name} left out: on {NAMES[NEW]} it is below {floor.name} beyond the noise "
+                why.append(f"{p.name} left out: on {NAMES[NEW]} it is below {floor.name} by more than "
+                           f"{NOT_WORSE_SE:g} standard errors "
                            f"({_gain_text(mean, se, len(p.scores[NEW].by_class), NEW)})")
         eligible = kept
     reference = _best([p for p in eligible if not p.trained], by)

@@ -61,7 +61,3 @@ class FitRecord:
 
     def to_json(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
-
-    def served_pipeline(self) -> dict[str, Any]:
-        """The record of the served pipeline among :attr:`pipelines`."""
-        return next(p for p in self.pipelines if p["name"] == self.chosen["served_name"])

@@ -98,7 +98,6 @@ class TailStates:
     def __init__(self, tail: nn.Module, cache: TrunkCache) -> None:
         self.tail, self.cache = tail, cache
         self.states: dict[str, dict[str, torch.Tensor]] = {self.PRETRAINED: trainable_state(tail)}
-        self.loaded = self.PRETRAINED
 
     def add(self, name: str, state: dict[str, torch.Tensor]) -> None:
         self.states[name] = state
@@ -106,7 +105,6 @@ class TailStates:
     def load(self, name: str) -> None:
         """Put state ``name`` into the tail (the network embeds with it from now on)."""
         load_trainable(self.tail, self.states[name])
-        self.loaded = name
 
     def embed(self, name: str, rows: np.ndarray) -> torch.Tensor:
         """``(len(rows), D)`` embeddings of the cached photos ``rows`` with state ``name`` (left loaded)."""

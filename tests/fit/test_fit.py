@@ -188,7 +188,9 @@ def test_the_report_page_reads_and_shows_the_before_and_after(fitted, render_pag
         assert text in html
     stored = json.loads((run / "fit.json").read_text())  # each pipeline's scores per validation class are kept
     assert all(p["scores"]["known"]["by_class"] for p in stored["pipelines"])
-    assert 'class="highlight"' in next(r for r in html.split("<tr") if "highlight" in r)
+    served = stored["chosen"]["pipeline"].split(" + ")[-1]  # the served row is highlighted, with its steps
+    assert any(row.startswith(' class="highlight"') and (served in row or served == "none")
+               for row in html.split("<tr"))
     assert (run / "figures" / "examples.png").is_file()
 
 
@@ -218,14 +220,14 @@ def test_a_stopped_fit_is_refused_by_serve_and_fit_and_started_again_with_overwr
     photos = photo_folder(tmp_path / "photos")
     run = tmp_path / "run"
 
-    def stop(line: str) -> None:  # the fit killed as the trunk stage begins
+    def stop(line: str) -> None:  # the fit killed as the framing stage ends
         if "framing:" in line:
             raise KeyboardInterrupt
 
     with pytest.raises(KeyboardInterrupt):
         fit(photos, run, FitSettings(minutes=0.3, weights=str(pretrained)), say=stop)
     mark = json.loads((run / "fit.unfinished.json").read_text())
-    assert mark["stage"] == "trunk" and "--overwrite" in mark["command"]
+    assert mark["stage"] == "framing" and "--overwrite" in mark["command"]  # stopped as framing ended
     with pytest.raises(ValueError, match="did not finish"):
         Index.load(run)
     for command in (["search", str(run), str(next(photos.rglob("*.jpg")))], ["fit", str(photos), "--out", str(run)]):
@@ -263,7 +265,8 @@ def test_a_moved_run_folder_is_served(fitted, tmp_path):
             answer = client.post("/search", params={"k": 2},
                                  files={"image": ("q.jpg", Path(query).read_bytes(), "image/jpeg")})
         assert answer.status_code == 200, answer.text
-        assert answer.json()["results"][0]["path"] == query
+        expected = [Index.load(moved).paths[int(r)] for r in with_original.rows[0, :2]]
+        assert [hit["path"] for hit in answer.json()["results"]] == expected  # as the original folder answered
     finally:
         (tmp_path / "hidden").rename(run)
 

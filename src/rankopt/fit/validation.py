@@ -24,6 +24,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from functools import cached_property
 
 import numpy as np
 import torch
@@ -77,7 +78,7 @@ class ValidationSplit:
     def protocols(self) -> tuple[str, ...]:
         return (KNOWN, NEW) if self.new_queries.size else (KNOWN,)
 
-    @property
+    @cached_property
     def rows(self) -> np.ndarray:
         """Every row a validation embeds (the index and the queries), sorted: the order of validation embeddings."""
         return np.unique(np.concatenate([self.gallery, self.known_queries, self.new_queries]))

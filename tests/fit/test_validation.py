@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from rankopt.fit.post import (
+    PostChoice,
     choose_for_protocols,
     choose_postprocessing,
     score_self_retrieval,
@@ -133,6 +134,11 @@ def test_post_processing_is_chosen_per_protocol_with_the_scores_of_its_own_steps
     both = score_all(x, split, choices[BOTH].steps(choices[BOTH].fitted))
     assert admissible(floor, both[NEW])[0] and choices[BOTH].metrics["map@r"] == pytest.approx(both[KNOWN].value)
     assert choices[BOTH].metrics["map@r"] <= choices[KNOWN].metrics["map@r"] + 1e-12
+    # whole pipelines are compared: no admissible candidate among the protocols' own choices (or no steps) is better
+    for other in (PostChoice(None, None, None, {}, []), choices[KNOWN], choices[NEW]):
+        scores = score_all(x, split, other.steps(other.fitted))
+        if admissible(floor, scores[NEW])[0]:
+            assert choices[BOTH].metrics["map@r"] >= scores[KNOWN].value - 1e-12
     strict = choose_for_protocols(x, split, floor=Scores(floor.metrics, {c: {"map@r": 2.0} for c in floor.by_class}))
     assert strict[BOTH].describe() == "none" and all(v == float("-inf") for _, v in strict[BOTH].tried)
 

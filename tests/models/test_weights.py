@@ -20,7 +20,7 @@ import rankopt.engine.weights as engine_weights
 from rankopt.cli import main
 from rankopt.data.transforms import IMAGENET_MEAN, IMAGENET_STD, PRESETS
 from rankopt.engine.checkpoint import load_checkpoint
-from rankopt.engine.convert import native_presets
+from rankopt.engine.convert import NATIVE_IMAGE_SIZES, native_presets
 from rankopt.engine.weights import cached_checkpoint, checkpoint_from_file, pretrained_checkpoint, weights_dir
 from rankopt.models import BACKBONES
 from rankopt.models.backbones import build_backbone
@@ -73,10 +73,13 @@ def placed(folder: Path) -> list[str]:
     return sorted(p.name for p in folder.iterdir() if not p.name.endswith(".lock")) if folder.is_dir() else []
 
 
-def described(preset_name: str) -> list[str]:
-    """How a release's input text states ``preset_name``'s size and normalisation."""
-    preset = PRESETS[preset_name]
-    size = f"{preset.crop} x {preset.crop_width}" if preset.crop_width else f"{preset.crop} px (resize {preset.resize})"
+def described(backbone: str) -> list[str]:
+    """How a release's input text states the size and normalisation of ``backbone``'s converted checkpoint (its test
+    preset at its native image size; the resize keeps the preset's ratio to the crop)."""
+    preset = PRESETS[native_presets(backbone)[1]]
+    crop = NATIVE_IMAGE_SIZES.get(backbone, preset.crop)
+    resize = round(preset.resize * crop / preset.crop)
+    size = f"{crop} x {preset.crop_width}" if preset.crop_width else f"{crop} px (resize {resize})"
     if (preset.mean, preset.std) == (IMAGENET_MEAN, IMAGENET_STD):
         return [size, "ImageNet mean/std"]
     (mean,), (std,) = set(preset.mean), set(preset.std)
@@ -85,11 +88,11 @@ def described(preset_name: str) -> list[str]:
 
 def test_the_registry_is_consistent():
     assert [r.name for r in known_releases()] == list(RELEASES) == ["mobilenet_v2", "efficientnet_lite0",
-                                                                    "mobilefacenet"]
+                                                                    "efficientnet_lite2", "mobilefacenet"]
     for rel in known_releases():
         assert rel.backbone in BACKBONES
         assert re.fullmatch(r"[0-9a-f]{64}", rel.sha256) and rel.size > 0 and rel.licence
-        assert all(part in rel.input for part in described(native_presets(rel.backbone)[1])), rel
+        assert all(part in rel.input for part in described(rel.backbone)), rel
         if rel.package is None:
             assert rel.member is None and rel.source.endswith("/" + rel.filename)
         else:

@@ -14,12 +14,14 @@ def register(subparsers: Any) -> None:
                     "evaluate / embed / index / search / whiten then use it as is, and `rankopt train RECIPE "
                     "model.init=MODEL.ckpt` fine-tunes it (weights and architecture in, fresh optimizer, new run).")
     parser.add_argument("backbone", help="a built-in backbone (rankopt.models.BACKBONES), e.g. mobilenet_v2, "
-                                         "efficientnet_lite0, mobilefacenet, resnet50, iresnet50")
+                                         "efficientnet_lite0, efficientnet_lite2, mobilefacenet, resnet50, iresnet50")
     parser.add_argument("weights", help="the released weights file (safetensors or a weights-only torch file)")
     parser.add_argument("--out", required=True, metavar="MODEL.ckpt", help="the checkpoint to write")
     parser.add_argument("--transform", metavar="PRESET",
                         help="test transform preset (default: the release's, e.g. mobilefacenet_test, test)")
-    parser.add_argument("--image-size", metavar="H[xW]", help="test image size (default: the preset's)")
+    parser.add_argument("--image-size", metavar="H[xW]",
+                        help="test image size (default: the release's, e.g. 260 for efficientnet_lite2, else the "
+                             "preset's)")
     parser.add_argument("--embedding-dim", type=int, metavar="D",
                         help="add an (untrained) linear projection to D dimensions (default: none)")
     parser.add_argument("--pooling", choices=("avg", "max", "gem"), default="avg", help="default: avg")

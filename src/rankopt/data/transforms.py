@@ -30,11 +30,17 @@ ArcFace on 112 x 112 crops aligned by 5 landmarks; each with the input conventio
 ``image_size`` replaces the output size: ``S`` (or ``"S"``) keeps the preset's aspect (square presets
 become ``S x S``, ``mobilefacenet`` ``S x round(S·96/112)``), ``"HxW"`` (or ``(H, W)``) sets both; the resize
 step keeps its ratio to the crop (256/224 for ``train``). The other presets normalise by the ImageNet mean/std.
+A preset name may carry a model's own input convention (:func:`convention_preset`, e.g. a timm or open_clip
+model's): ``test(mean=R,G,B;std=R,G,B;crop_pct=P)`` is ``test`` with that mean/std and the shorter side resized to
+``floor(crop / P)`` (timm's ``crop_pct``); the name alone is what a checkpoint's config stores.
 Randomness comes from torch's global RNG (deterministic given its state, e.g. per DataLoader worker seed).
 """
 
 from __future__ import annotations
 
+import dataclasses
+import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import kornia.augmentation as K
@@ -65,6 +71,7 @@ class Preset:
     mean: tuple[float, ...] = IMAGENET_MEAN  # of the [0, 1] RGB input
     std: tuple[float, ...] = IMAGENET_STD
     crop_width: int | None = None  # output width of a square-resize preset, when not crop (e.g. 112 x 96 faces)
+    crop_pct: float | None = None  # share of the resized shorter side the crop keeps (timm's); None: crop / resize
 
 
 PRESETS: dict[str, Preset] = {
@@ -145,18 +152,55 @@ def output_size(preset: str, image_size: ImageSize = None) -> tuple[int, int]:
     return height, width
 
 
+def _number(value: float) -> str:
+    return format(float(value), ".8g")
+
+
+def convention_preset(base: str, *, mean: Sequence[float] | None = None, std: Sequence[float] | None = None,
+                      crop_pct: float | None = None) -> str:
+    """The name of preset ``base`` with a model's own ``mean``/``std`` (of RGB in [0, 1]) and ``crop_pct`` (for
+    a centre-cropping ``base``), ``base(mean=R,G,B;std=R,G,B;crop_pct=P)`` with only what differs from ``base``."""
+    spec = _preset(base)
+    parts = [f"{key}={','.join(_number(v) for v in values)}" for key, values in (("mean", mean), ("std", std))
+             if values is not None and tuple(float(v) for v in values) != getattr(spec, key)]
+    if crop_pct is not None and not spec.square and abs(crop_pct - spec.crop / spec.resize) > 1e-9:
+        parts.append(f"crop_pct={_number(crop_pct)}")
+    name = f"{base}({';'.join(parts)})" if parts else base
+    _preset(name)  # a bad value fails here
+    return name
+
+
 def _preset(preset: str) -> Preset:
+    base, convention, settings = preset.partition("(")
     try:
-        return PRESETS[preset]
+        spec = PRESETS[base]
     except KeyError:
         raise KeyError(f"unknown transform preset {preset!r}; known: {', '.join(PRESETS)}") from None
+    if not convention:
+        return spec
+    changes: dict[str, object] = {}
+    for item in settings.removesuffix(")").split(";"):
+        key, _, value = item.partition("=")
+        try:
+            numbers = tuple(float(v) for v in value.split(","))
+        except ValueError:
+            numbers = ()
+        if key in ("mean", "std") and len(numbers) == 3 and (key == "mean" or min(numbers) > 0):
+            changes[key] = numbers
+        elif key == "crop_pct" and len(numbers) == 1 and 0 < numbers[0] <= 1 and not spec.square:
+            changes[key] = numbers[0]
+        if not settings.endswith(")") or key not in changes:
+            raise KeyError(f"transform preset {preset!r}: {item!r} is not one of mean=R,G,B, std=R,G,B (> 0) or "
+                           "crop_pct=P (0 < P <= 1, for a centre-cropping preset), separated by ';'")
+    return dataclasses.replace(spec, **changes)  # type: ignore[arg-type]
 
 
 def build_transform(preset: str, image_size: ImageSize = None) -> ImageTransform:
     """The named preset (see the module table); ``image_size`` (S or HxW) overrides the output size."""
     spec = _preset(preset)
     crop, width = output_size(preset, image_size)
-    resize = round(spec.resize * max(crop, width) / spec.crop)
+    resize = (math.floor(max(crop, width) / spec.crop_pct) if spec.crop_pct
+              else round(spec.resize * max(crop, width) / spec.crop))
     ops: list[torch.nn.Module] = []
     if spec.square:
         ops.append(AreaResize((crop, width)) if spec.area else K.Resize((crop, width), antialias=True))

@@ -6,19 +6,30 @@ how it was fetched, date). The JSON is written last, so a checkpoint counts as c
 the JSON's sha256 is the registry's. Each release's fetch holds a lock (``flock``; none without ``fcntl``) and
 every file is written to a temporary file and renamed, so concurrent fetches never leave a half-written file.
 A release file is checked against the registry's sha256 before anything is converted or placed.
+
+A hub backbone (``timm:NAME``, ``open_clip:MODEL/TAG``) is converted once the same way (:func:`hub_checkpoint`),
+named by the backbone (``timm-NAME.ckpt``) from the hub's weights (which timm or open_clip keep in their own cache),
+with the sha256 prefix added (``timm-NAME-<sha256 prefix>.ckpt``) from a same-architecture file; its JSON records
+the licence and where the hub's cache is.
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
+import re
 import tempfile
 from collections.abc import Iterator
 from datetime import datetime, timezone
 from pathlib import Path
 
 from rankopt.data.cache import cache_dir
-from rankopt.engine.convert import convert_released_weights, sha256_of, write_converted
+from rankopt.engine.convert import (
+    convert_hub_backbone,
+    convert_released_weights,
+    sha256_of,
+    write_converted,
+)
 from rankopt.files import write_text_atomic
 from rankopt.models.weights import Release, download_release, release
 
@@ -48,7 +59,7 @@ def pretrained_checkpoint(name: str, *, fetch: bool = True) -> Path:
         raise FileNotFoundError(f"release {name!r} is not in the cache ({weights_dir()}); "
                                 f"run `rankopt weights fetch {name}`")
     rel = release(name)
-    with _locked(rel):
+    with _locked(rel.name):
         found = cached_checkpoint(name)
         if found is not None:  # another process fetched it while this one waited
             return found
@@ -62,7 +73,7 @@ def checkpoint_from_file(name: str, path: str | Path) -> Path:
     rel, path = release(name), Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"weights file {str(path)!r} does not exist")
-    with _locked(rel):
+    with _locked(rel.name):
         return _place(rel, path, f"file {path.name}")
 
 
@@ -82,14 +93,55 @@ def _place(rel: Release, path: Path, fetched_by: str) -> Path:
     return checkpoint
 
 
+def _hub_stem(backbone: str, weights: Path | None) -> str:
+    """The cache name of hub backbone ``backbone``'s checkpoint (from ``weights``: the file's sha256 prefix added)."""
+    stem = re.sub(r"[^A-Za-z0-9._-]+", "-", backbone).strip("-")
+    return stem if weights is None else f"{stem}-{sha256_of(weights)[:12]}"
+
+
+def cached_hub_checkpoint(backbone: str, weights: str | Path | None = None) -> tuple[Path, dict] | None:
+    """The cached checkpoint of hub backbone ``backbone`` (from ``weights`` when given) and its record, or ``None``
+    when it is not (completely) cached."""
+    return _cached(_hub_stem(backbone, None if weights is None else Path(weights)))
+
+
+def _cached(stem: str) -> tuple[Path, dict] | None:
+    checkpoint, record = weights_dir() / f"{stem}.ckpt", weights_dir() / f"{stem}.json"
+    if not (checkpoint.is_file() and record.is_file()):
+        return None
+    return checkpoint, json.loads(record.read_text(encoding="utf-8"))
+
+
+def hub_checkpoint(backbone: str, weights: str | Path | None = None) -> tuple[Path, dict, bool]:
+    """The cached checkpoint of hub backbone ``backbone`` (``timm:NAME``, ``open_clip:MODEL/TAG``), its record and
+    whether it was converted now: converted once from the hub's weights, or from ``weights``, a same-architecture
+    file (no hub contact)."""
+    path = None if weights is None else Path(weights).expanduser()
+    if path is not None and not path.is_file():
+        raise FileNotFoundError(f"weights file {str(path)!r} does not exist")
+    stem = _hub_stem(backbone, path)
+    found = _cached(stem)
+    if found is not None:
+        return (*found, False)
+    with _locked(stem):
+        found = _cached(stem)
+        if found is not None:  # another process converted it while this one waited
+            return (*found, False)
+        converted = convert_hub_backbone(backbone, path)
+        checkpoint = write_converted(converted, weights_dir() / f"{stem}.ckpt")
+        record = {"name": stem, **converted.source}
+        write_text_atomic(weights_dir() / f"{stem}.json", json.dumps(record, indent=2) + "\n")
+        return checkpoint, record, True
+
+
 @contextlib.contextmanager
-def _locked(rel: Release) -> Iterator[None]:
-    """Hold ``rel``'s lock in the cache folder (``flock``; none without ``fcntl``)."""
+def _locked(name: str) -> Iterator[None]:
+    """Hold ``name``'s lock in the cache folder (``flock``; none without ``fcntl``)."""
     try:
         import fcntl
     except ImportError:  # pragma: no cover - Windows: the atomic renames alone
         fcntl = None
-    with open(weights_dir() / f".{rel.name}.lock", "a+") as handle:
+    with open(weights_dir() / f".{name}.lock", "a+") as handle:
         if fcntl is not None:
             fcntl.flock(handle.fileno(), fcntl.LOCK_EX)
         yield

@@ -43,12 +43,12 @@ def resize_batch(images: Tensor, scale: float) -> Tensor:
     return F.interpolate(images, size=size, mode="bilinear", align_corners=False, antialias=True)
 
 
-def pooling_power(model: RetrievalNet, backbone_output: Tensor) -> float:
-    """The power ``p`` of the scale mean: the GeM ``p`` (clamped to >= 1 as in :class:`GeM`) for
-    a pooled ``(B, C, H, W)`` map, else 1."""
+def pooling_power(model: RetrievalNet, backbone_output: Tensor) -> Tensor | None:
+    """The power ``p`` of the scale mean: the GeM ``p`` (clamped to >= 1 as in :class:`GeM`; a tensor, so the
+    graph exports without reading it) for a pooled ``(B, C, H, W)`` map, else ``None`` (``p = 1``)."""
     if backbone_output.ndim == 4 and isinstance(model.pooling, GeM):
-        return float(model.pooling.p.detach().clamp(min=1.0))
-    return 1.0
+        return model.pooling.p.detach().clamp(min=1.0)
+    return None
 
 
 class MultiScaleNet(nn.Module):
@@ -70,16 +70,16 @@ class MultiScaleNet(nn.Module):
         if len(self.scales) == 1:
             return self.model.pool(self.model.backbone_output(resize_batch(images, self.scales[0])))
         total: Tensor | None = None
-        power = 1.0
+        power: Tensor | None = None
         for scale in self.scales:
             output = self.model.backbone_output(resize_batch(images, scale))
             power = pooling_power(self.model, output)
             term = self.model.pool(output).float()
-            term = term if power == 1.0 else term.pow(power)
+            term = term if power is None else term.pow(power)
             total = term if total is None else total + term
         assert total is not None
         mean = total / len(self.scales)
-        return mean if power == 1.0 else mean.pow(1.0 / power)
+        return mean if power is None else mean.pow(1.0 / power)
 
     def forward(self, images: Tensor) -> Tensor:
         return self.model.head(self.pooled_features(images))

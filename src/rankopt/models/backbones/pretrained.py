@@ -1,4 +1,5 @@
-"""Loading released weights (timm/torchvision, face and mobile releases) into the built-in backbones; lazy timm import.
+"""Loading released weights (timm/torchvision, face and mobile releases) into the built-in backbones; lazy timm import;
+what a hub backbone (``timm:``, ``open_clip:``) reports: its input convention, the hub's cache, an unreachable hub.
 
 Weights come from a local file (``pretrained_path=``: safetensors, or a torch
 file read with ``weights_only=True`` so no pickled code runs; a file holding
@@ -16,6 +17,7 @@ shapes exactly.
 
 from __future__ import annotations
 
+import os
 import pickle
 import re
 from collections import Counter
@@ -43,15 +45,66 @@ class ReleaseLayout:
     rename: Callable[[str], str]
 
 
-def import_timm(what: str) -> ModuleType:
-    """``import timm`` or raise an ``ImportError`` saying how to get it."""
+@dataclass(frozen=True)
+class HubInput:
+    """A hub model's input convention: RGB in [0, 1] normalised by ``mean``/``std`` at ``size`` (H, W), the
+    centre crop keeping ``crop_pct`` of the resized shorter side (``whole``: the whole image resized to ``size``);
+    its resampling ``interpolation``, ``licence`` and the folder its hub weights are cached in (``cache``)."""
+
+    mean: tuple[float, ...]
+    std: tuple[float, ...]
+    size: tuple[int, int]
+    crop_pct: float
+    interpolation: str
+    licence: str
+    cache: str
+    whole: bool = False
+
+
+class HubUnreachableError(ValueError):
+    """A model hub that could not be reached for a model's weights."""
+
+
+_UNREACHABLE = {"ConnectionError", "ConnectError", "ConnectTimeout", "Timeout", "TimeoutException",
+                "OfflineModeIsEnabled", "LocalEntryNotFoundError"}
+
+
+def hub_unreachable(model: str, err: BaseException, cache: str) -> HubUnreachableError | None:
+    """The clear error for ``err``, raised while timm or open_clip fetched ``model``'s weights, when it means the
+    hub could not be reached (an ``OSError`` but a permission error, or a connection or offline error of
+    ``requests``, ``httpx`` or ``huggingface_hub``); ``None`` for any other error."""
+    network = isinstance(err, OSError) and not isinstance(err, PermissionError)
+    if not (network or any(cls.__name__ in _UNREACHABLE for cls in type(err).__mro__)):
+        return None
+    said = (str(err).strip().splitlines() or [""])[0][:200]
+    return HubUnreachableError(
+        f"the model hub could not be reached for the weights of {model} ({type(err).__name__}: {said}); run this on "
+        f"a machine that reaches it (the weights are then cached in {cache}), or give a same-architecture weights "
+        f"file (its state dict, .pth or .safetensors) with --weights FILE (rankopt weights fetch: --file FILE)")
+
+
+def hub_cache(url: bool = False) -> str:
+    """The folder hub weights are cached in: the Hugging Face hub's (``$HF_HUB_CACHE``, else ``$HF_HOME/hub``,
+    default ``~/.cache/huggingface/hub``), or with ``url`` torch.hub's (``$TORCH_HOME/hub/checkpoints``)."""
+    if url:
+        return str(Path(torch.hub.get_dir()) / "checkpoints")
+    if os.environ.get("HF_HUB_CACHE"):
+        return os.environ["HF_HUB_CACHE"]
+    home = os.environ.get("HF_HOME") or Path(os.environ.get("XDG_CACHE_HOME") or "~/.cache") / "huggingface"
+    return str(Path(home).expanduser() / "hub")
+
+
+def import_timm(what: str, weights_file: bool = True) -> ModuleType:
+    """``import timm`` or raise an ``ImportError`` saying how to get it (``weights_file``: and that a weights file
+    does without it)."""
     try:
-        import timm
+        import timm  # optional dependency (the timm extra), needed only for timm's weights and timm: backbones
     except ImportError as err:  # timm missing or broken (it needs torchvision)
+        alternative = (", or pass pretrained_path=FILE with timm/torchvision weights (safetensors or a weights-only "
+                       "torch file)") if weights_file else ""
         raise ImportError(
             f"{what} needs timm, which is not importable here ({err}). Install it with "
-            "`pip install 'rankopt[timm]'`, or pass pretrained_path=FILE with timm/torchvision "
-            "weights (safetensors or a weights-only torch file)."
+            f"`pip install 'rankopt[timm]'`{alternative}."
         ) from err
     return timm
 
@@ -133,6 +186,14 @@ def load_pretrained(
     state, file_keys, layout = convert_layout(state, layouts)
     if layout is not None:
         source += f" (read as the {layout} layout)"
+    load_state(model, state, source, file_keys)
+
+
+def load_state(model: nn.Module, state: dict[str, Tensor], source: str, file_keys: dict[str, str] | None = None
+               ) -> None:
+    """Load ``state`` (weights from ``source``; ``file_keys``: {model key: file key} of renamed keys) into ``model``
+    after :func:`adapt_state_dict`; a ``ValueError`` naming the keys and shapes that do not match."""
+    file_keys = file_keys or {}
     state = adapt_state_dict(state, model)
     own = model.state_dict()
 

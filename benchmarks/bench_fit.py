@@ -25,6 +25,9 @@ Rows (each a real ``rankopt fit`` process, its wall time and peak resident memor
   its post-processing for known queries); mAP@R and R@1 over the queries.
 * ``yaleb-known``: Extended Yale B, all 38 people, ``--backbone mobilefacenet``; a third of the 64 lightings
   (every third, sorted by name) never shown to ``fit`` and searched in its served index, scored as ``known``.
+* ``scale-25k``, ``scale-50k``: the ``whole`` folder grown to about 25,000 and 50,000 photos with distinct variants of
+  each photo written as JPEG files under ``--out`` (mirrored; centre crops of 90 % and 80 % of each side, each also
+  mirrored: 3 and 6 files a photo, the first kept), each in its photo's class; defaults; the time each stage cost.
 * ``small``: 10 categories x 20 photos; should finish within 2 minutes and say how little it could learn.
 * ``held-out-30min``: ``held-out`` with ``--minutes 30``: what three times the default budget buys.
 
@@ -80,6 +83,35 @@ def link_photos(out: Path, photos: list[Path]) -> Path:
     for photo in photos:
         (tmp / photo.parent.name).mkdir(parents=True, exist_ok=True)
         (tmp / photo.parent.name / photo.name).symlink_to(photo.resolve())
+    tmp.rename(out)
+    return out
+
+
+VARIANTS = ((1.0, True), (0.9, False), (0.9, True), (0.8, False), (0.8, True))
+"""The written variants of a photo for the scale rows: (share of each side kept, centred; mirrored)."""
+
+
+def grown_tree(root: Path, out: Path, classes: list[str], copies: int) -> Path:
+    """``out/<class>/<photo>``: every photo of ``classes`` (a link) and its first ``copies`` :data:`VARIANTS`
+    (JPEG files, quality 90), made once."""
+    from PIL import Image, ImageOps
+
+    if out.exists():
+        return out
+    tmp = out.with_suffix(".tmp")
+    for name in classes:
+        (tmp / name).mkdir(parents=True, exist_ok=True)
+        for photo in sorted((root / name).iterdir()):
+            (tmp / name / photo.name).symlink_to(photo.resolve())
+            with Image.open(photo) as opened:
+                image = ImageOps.exif_transpose(opened).convert("RGB")
+            for n, (share, mirrored) in enumerate(VARIANTS[:copies]):
+                w, h = image.size
+                box = (round(w * (1 - share) / 2), round(h * (1 - share) / 2), round(w * (1 + share) / 2),
+                       round(h * (1 + share) / 2))
+                variant = image.crop(box)
+                variant = ImageOps.mirror(variant) if mirrored else variant
+                variant.save(tmp / name / f"{photo.stem}-v{n}.jpg", quality=90)
     tmp.rename(out)
     return out
 
@@ -326,11 +358,14 @@ def main() -> None:
              "held-out": link_tree(root, args.out / "photos-train50", train_categories),
              "small": link_tree(root, args.out / "photos-small", categories[::10][:10], 20)}
     trees["held-out-30min"] = trees["held-out"]
+    for row, copies in (("scale-25k", 2), ("scale-50k", 5)):
+        if any(r.partition(":")[0] == row for r in args.rows):
+            trees[row] = grown_tree(root, args.out / f"photos-{row}", categories, copies)
     every = [p for name in categories for p in sorted((root / name).iterdir())]
     closed = {"known": closed_set_split(every, lambda p: p.name)}
     trees["known"] = link_photos(args.out / "photos-known", closed["known"][0])
     minutes = {"whole": None, "held-out": None, "held-out-30min": 30.0, "small": 2.0, "yaleb": None, "known": None,
-               "yaleb-known": None}
+               "yaleb-known": None, "scale-25k": None, "scale-50k": None}
     options = {"yaleb": ("--backbone", "mobilefacenet"), "yaleb-known": ("--backbone", "mobilefacenet")}
     if any(r.startswith("yaleb") for r in args.rows):
         subprocess.run([sys.executable, "-m", "rankopt", "weights", "fetch", "mobilefacenet", "--file",
@@ -382,6 +417,18 @@ def main() -> None:
                      f"{mean_sd([r['peak_gib'] for r in results], 2)} | {results[0]['indexed']} | "
                      f"{mean_sd(features)} → {mean_sd(served)} | "
                      f"{', '.join(r['fit']['chosen']['model'] for r in results)} |")
+    scaled = [row for row in runs if row in ("whole", "scale-25k", "scale-50k")]
+    if scaled:
+        stages = list(runs[scaled[0]][0]["fit"]["seconds"])
+        lines += ["", "## At scale: what each stage cost (seconds, mean over the runs)", "",
+                  "| row | photos | runtime | " + " | ".join(stages) + " | served |",
+                  "|---|---|---|" + "---|" * len(stages) + "---|"]
+        for row in scaled:
+            results = runs[row]
+            runtime = (results[0]["fit"].get("machine") or {}).get("runtime") or {}
+            lines.append(f"| {row} | {results[0]['indexed']:,} | {runtime.get('name', 'pytorch')} | " + " | ".join(
+                f"{statistics.mean(r['fit']['seconds'].get(k, 0.0) for r in results):.0f}" for k in stages)
+                + f" | {', '.join(r['fit']['chosen']['model'] for r in results)} |")
     for row, scores in known.items():
         what = "Caltech-101, all 100 categories" if row == "known" else "Extended Yale B, all 38 people"
         count = len(closed[row][1])

@@ -10,6 +10,9 @@ import pytest
 import torch
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
+os.environ.setdefault("RANKOPT_RUNTIME", "torch")
+"""Frozen forwards run on PyTorch in the suite (inherited by the commands it starts), so a test's tiny model is not
+exported to ONNX at each use; tests/export/test_runtimes.py tests ``auto`` and ``onnx`` on purpose."""
 
 
 def omniglot_root() -> Path | None:

@@ -167,7 +167,7 @@ class SearchClient:
         return self._request("GET", f"/thumbnails/{_quoted(id)}").content
 
     def health(self) -> dict[str, Any]:
-        """``{"status", "items", "dim", "fingerprint", "search", "version", "loaded_utc", "reload_failed"}``
+        """``{"status", "items", "dim", "fingerprint", "search", "version", "loaded_utc", "runtime", "reload_failed"}``
         (no token needed)."""
         return self._json("GET", "/health")
 

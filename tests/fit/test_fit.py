@@ -72,12 +72,12 @@ CLASSES = 6
 PER_CLASS = 8
 
 
-def photo_folder(root: Path) -> Path:
+def photo_folder(root: Path, classes: int = CLASSES, per_class: int = PER_CLASS) -> Path:
     """SYNTHETIC photos: one colour per class with a random darker square, 48 px JPEGs."""
     rng = np.random.default_rng(0)
-    for c in range(CLASSES):
+    for c in range(classes):
         colour = rng.integers(40, 230, 3)
-        for i in range(PER_CLASS):
+        for i in range(per_class):
             pixels = np.tile(colour, (48, 48, 1)).astype(np.uint8)
             x, y = rng.integers(0, 24, 2)
             pixels[y:y + 24, x:x + 24] //= 2

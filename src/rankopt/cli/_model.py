@@ -13,12 +13,21 @@ if TYPE_CHECKING:
 
 
 def add_model_arguments(parser: argparse.ArgumentParser) -> None:
-    """``[CHECKPOINT]`` and ``--onnx MODEL.onnx``."""
+    """``[CHECKPOINT]``, ``--onnx MODEL.onnx`` and ``--runtime``."""
     parser.add_argument("checkpoint", nargs="?", help="a rankopt checkpoint (e.g. RUN/checkpoints/best.ckpt), "
                                                       "unless --onnx is given")
     parser.add_argument("--onnx", metavar="MODEL.onnx",
                         help="embed with this ONNX export (rankopt export) through onnxruntime instead of a "
                              "checkpoint (same fingerprint as its checkpoint)")
+    add_runtime_argument(parser)
+
+
+def add_runtime_argument(parser: argparse.ArgumentParser) -> None:
+    """``--runtime auto|torch|onnx`` (:mod:`rankopt.export.runtimes`)."""
+    parser.add_argument("--runtime", choices=("auto", "torch", "onnx"), default=None,
+                        help="what runs the network's forward: onnx (onnxruntime, the model exported once and "
+                             "checked against PyTorch, cached), torch, or auto: onnxruntime on a CPU where it is "
+                             "installed and keeps parity, else PyTorch (default: $RANKOPT_RUNTIME, else auto)")
 
 
 TORCH_THREADS = "torch's, one per core"
@@ -55,7 +64,7 @@ def embedder_from_args(args: argparse.Namespace, **options: Any) -> Any:
     apply_threads(args)
     if args.onnx is not None:
         return Embedder.from_onnx(args.onnx, threads=args.threads, **options)
-    return Embedder.from_checkpoint(args.checkpoint, **options)
+    return Embedder.from_checkpoint(args.checkpoint, runtime=args.runtime, threads=args.threads, **options)
 
 
 def add_index_argument(parser: argparse.ArgumentParser) -> None:
@@ -71,6 +80,7 @@ def add_index_model_options(parser: argparse.ArgumentParser, *, batches: bool = 
     model.add_argument("--checkpoint", metavar="CKPT", help="the model (default: the index's checkpoint)")
     model.add_argument("--onnx", metavar="MODEL.onnx", help="embed with this ONNX export instead (rankopt export)")
     parser.add_argument("--device", default="auto", help="cpu, cuda, cuda:1, ... (default: auto)")
+    add_runtime_argument(parser)
     add_threads_argument(parser, threads_default)
     if batches:
         parser.add_argument("--batch-size", type=int, default=256, metavar="B", help="embedding batch size (256)")
@@ -84,9 +94,10 @@ def index_embedder(index: Any, args: argparse.Namespace) -> Any:
     from rankopt.search import Embedder
 
     apply_threads(args)
-    options = {"device": args.device, "batch_size": args.batch_size, "progress": not args.no_progress}
-    if args.onnx is not None and args.threads is not None:
-        options["threads"] = args.threads
+    options = {"device": args.device, "batch_size": args.batch_size, "progress": not args.no_progress,
+               "threads": args.threads}
+    if args.onnx is None:
+        options["runtime"] = args.runtime
     source = args.onnx or args.checkpoint
     if index is None:
         return Embedder.from_checkpoint(source, **options)
@@ -104,6 +115,7 @@ def add_model_data_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--num-workers", type=int, default=0, metavar="W", help="DataLoader workers")
     parser.add_argument("--device", default="auto", help="cpu, cuda, cuda:1, ... (default: auto)")
     parser.add_argument("--no-progress", action="store_true", help="hide progress bars")
+    add_runtime_argument(parser)
     add_threads_argument(parser)
 
 
@@ -142,3 +154,21 @@ def load_from_args(args: argparse.Namespace, splits: list[str] | None) -> Infere
     apply_threads(args)
     return load_for_inference(args.checkpoint, splits, device=args.device, dataset=args.dataset, root=args.root,
                               transform=args.transform, image_size=args.image_size, batch_size=args.batch_size)
+
+
+def runtime_network(args: argparse.Namespace, network: Any, preprocessing: dict[str, Any], device: Any) -> Any:
+    """``network`` on ``--runtime`` (:func:`rankopt.export.runtimes.prepare_network`, cache key: the fingerprint of
+    ``network`` with ``preprocessing``), the runtime said on stderr."""
+    import sys
+
+    from rankopt.export.runtimes import default_runtime, prepare_network
+    from rankopt.models.fingerprint import model_fingerprint
+
+    def say(line: str) -> None:
+        print(line, file=sys.stderr, flush=True)
+
+    module, runtime = prepare_network(network, preprocessing, model_fingerprint(network, preprocessing),
+                                      runtime=args.runtime or default_runtime(), device=device,
+                                      threads=args.threads, say=say)
+    say(f"runtime: {runtime.describe()}" + (f" ({runtime.note})" if runtime.note else ""))
+    return module

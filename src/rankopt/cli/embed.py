@@ -44,7 +44,7 @@ def run(args: argparse.Namespace) -> int:
     import numpy as np
 
     from rankopt.cli._postprocess import postprocessing_from_args
-    from rankopt.cli._model import load_from_args
+    from rankopt.cli._model import load_from_args, runtime_network
     from rankopt.engine.assembly import inference_preprocessing
     from rankopt.engine.embed_and_score import embed_dataset
     from rankopt.files import open_npy_atomic, write_text_atomic
@@ -69,7 +69,8 @@ def run(args: argparse.Namespace) -> int:
     post = postprocessing_from_args(args, model_fingerprint(model, preprocessing))
     preprocessing |= post.preprocessing()
     # bounded memory: one batch of images, the embeddings written straight into E.npy (whitened batch by batch)
-    split = embed_dataset(post.wrap_model(model), dataset, batch_size=args.batch_size or cfg.eval.batch_size,
+    network = runtime_network(args, post.wrap_model(model), preprocessing, device)
+    split = embed_dataset(network, dataset, batch_size=args.batch_size or cfg.eval.batch_size,
                           device=device, num_workers=args.num_workers, show_progress=not args.no_progress,
                           batch_transform=batch_transform, embedding_transform=post.whiten, out=emb_path)
     with open_npy_atomic(labels_path, tuple(split.labels.shape), np.int64) as labels:

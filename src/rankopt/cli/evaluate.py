@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from rankopt.cli._model import add_model_data_arguments, check_output, load_from_args
+from rankopt.cli._model import add_model_data_arguments, check_output, load_from_args, runtime_network
 from rankopt.cli._postprocess import add_postprocess_arguments
 
 
@@ -36,6 +36,7 @@ def register(subparsers: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    import dataclasses
     import json
     import sys
     import time
@@ -73,10 +74,12 @@ def run(args: argparse.Namespace) -> int:
         cfg.eval.similarity = args.similarity
     post = postprocessing_from_args(args, model_fingerprint(model, inference_preprocessing(cfg)))
     start = time.perf_counter()
-    result, splits = evaluate_model(model, datasets, cfg.eval, device=device, num_workers=args.num_workers,
+    network = runtime_network(args, post.wrap_model(model), inference_preprocessing(cfg) | post.preprocessing(),
+                              device)
+    result, splits = evaluate_model(network, datasets, cfg.eval, device=device, num_workers=args.num_workers,
                                     show_progress=not args.no_progress, metrics=metrics,
                                     batch_transform=batch_transform,
-                                    postprocessing=post, relevance=relevance)
+                                    postprocessing=dataclasses.replace(post, scales=None), relevance=relevance)
     dataset = cfg.data.eval_name or cfg.data.name
     out = {"checkpoint": str(args.checkpoint), "dataset": dataset, "splits": list(datasets),
            "similarity": cfg.eval.similarity, "postprocessing": post.to_dict(),

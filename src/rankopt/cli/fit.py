@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from rankopt.cli._model import add_threads_argument, apply_threads
+from rankopt.cli._model import add_runtime_argument, add_threads_argument, apply_threads
 
 
 def register(subparsers: Any) -> None:
@@ -22,7 +22,8 @@ def register(subparsers: Any) -> None:
                         help="time budget of the whole command (default 10)")
     parser.add_argument("--backbone", default="mobilenet_v2", metavar="NAME",
                         help="pretrained release by name, fetched once into rankopt's cache (rankopt weights list; "
-                             "default mobilenet_v2)")
+                             "default mobilenet_v2), or a timm CNN, timm:NAME (timm and its hub, or --weights with "
+                             "a same-architecture file)")
     parser.add_argument("--weights", metavar="FILE", help="start from this file instead: a rankopt checkpoint, or "
                                                           "the release file of --backbone (its sha256 is checked)")
     parser.add_argument("--seed", type=int, default=0, help="validation classes and training order (0)")
@@ -42,6 +43,7 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--no-refit", dest="refit", action="store_false",
                         help="serve the model trained on the training classes only (by default the chosen recipe is "
                              "run again on every class, the validation ones included)")
+    add_runtime_argument(parser)
     add_threads_argument(parser)
     parser.set_defaults(func=run)
 
@@ -55,5 +57,6 @@ def run(args: argparse.Namespace) -> int:
     fit(args.photos, args.out, FitSettings(minutes=args.minutes, backbone=args.backbone, weights=args.weights,
                                            seed=args.seed, device=args.device,
                                            validation_fraction=args.validation_fraction, dba=args.dba,
-                                           refit=args.refit, queries=args.queries, overwrite=args.overwrite))
+                                           refit=args.refit, queries=args.queries, overwrite=args.overwrite,
+                                           runtime=args.runtime))
     return 0

@@ -77,6 +77,7 @@ def run(args: argparse.Namespace) -> int:
         qdrant.attach(index, url=args.qdrant_url, collection=args.qdrant_collection)
     folder = index.save(args.out)
     print(summary(index))
+    print(f"embedded by {embedder.active_runtime.describe()}")
     print(f"saved {folder}")
     return 0
 

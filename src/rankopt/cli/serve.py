@@ -95,7 +95,7 @@ def run(args: argparse.Namespace) -> int:
                     **({} if args.formats is None else {"formats": check_formats(args.formats)}))
     settings = Settings(limits=limits, token=args.token or None, hosts=HostRule(args.host, tuple(args.allow_host)),
                         cors_origins=tuple(args.cors), max_batch=args.max_batch, max_wait_ms=args.batch_wait_ms,
-                        reload_every_s=args.reload_every, threads=args.threads)
+                        reload_every_s=args.reload_every, threads=args.threads, runtime=args.runtime)
     serve(args.index, host=args.host, port=args.port, settings=settings, checkpoint=args.checkpoint, onnx=args.onnx,
           device=args.device, request_timeout_s=args.request_timeout, max_connections=args.max_connections)
     return 0

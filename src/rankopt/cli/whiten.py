@@ -12,7 +12,7 @@ import argparse
 from typing import Any
 
 from rankopt.cli._postprocess import add_multiscale_argument
-from rankopt.cli._model import add_model_data_arguments, check_output
+from rankopt.cli._model import add_model_data_arguments, check_output, runtime_network
 
 
 def register(subparsers: Any) -> None:
@@ -68,6 +68,7 @@ def run(args: argparse.Namespace) -> int:
     from rankopt.engine.assembly import inference_preprocessing
     from rankopt.engine.embed_and_score import embed_dataset
     from rankopt.models.fingerprint import model_fingerprint
+    from rankopt.postprocess import PostProcessing
     from rankopt.models.multiscale import multiscale
     from rankopt.postprocess import (
         fit_pca_whitening,
@@ -80,7 +81,9 @@ def run(args: argparse.Namespace) -> int:
     scales = scales_from_args(args)
     check_output(args.out, "--out", inputs=[args.checkpoint])  # before any image is embedded
     model, cfg, dataset, device, batch_transform, fitted_on = _training_split(args)
-    split = embed_dataset(multiscale(model, scales), dataset, batch_size=args.batch_size or cfg.eval.batch_size,
+    preprocessing = inference_preprocessing(cfg) | PostProcessing(scales).preprocessing()
+    network = runtime_network(args, multiscale(model, scales), preprocessing, device)
+    split = embed_dataset(network, dataset, batch_size=args.batch_size or cfg.eval.batch_size,
                           device=device, num_workers=args.num_workers, show_progress=not args.no_progress,
                           batch_transform=batch_transform, desc=f"embedding {fitted_on}")
     if args.supervised:

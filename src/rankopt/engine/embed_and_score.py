@@ -35,7 +35,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import os
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -47,6 +47,7 @@ from rankopt.checks import check_labels
 from rankopt.config import EvalConfig
 from rankopt.console import bars_shown
 from rankopt.data.fast_transform import collate
+from rankopt.data.reader import read_ahead
 from rankopt.engine.distributed import gather_for_evaluation
 from rankopt.engine.logging import progress
 from rankopt.engine.relevance_batches import check_evaluation, check_splits, split_relevance, uses_multilabels
@@ -91,7 +92,7 @@ def embed_dataset(model: torch.nn.Module, dataset: Dataset, *, batch_size: int =
                   show_progress: bool = True, desc: str = "embedding",
                   batch_transform: Callable[[torch.Tensor], torch.Tensor] | None = None,
                   embedding_transform: Callable[[torch.Tensor], torch.Tensor] | None = None,
-                  out: str | os.PathLike[str] | None = None) -> EmbeddedSplit:
+                  out: str | os.PathLike[str] | None = None, read_threads: int = 0) -> EmbeddedSplit:
     """Embed every item of ``dataset`` (``model`` in eval mode, restored afterwards).
 
     ``batch_transform``: applied to each ``(B, 3, H, W)`` batch on ``device`` (datasets built without a transform).
@@ -103,13 +104,19 @@ def embed_dataset(model: torch.nn.Module, dataset: Dataset, *, batch_size: int =
     model in eval mode). ``out``: the embeddings are written
     straight into that ``.npy`` file (memory-mapped, moved into place when complete,
     :func:`rankopt.files.open_npy_atomic`) and the returned split's embeddings are that memory map. Under
-    ``torch.distributed`` the shards are gathered in memory and rank 0 writes ``out``.
+    ``torch.distributed`` the shards are gathered in memory and rank 0 writes ``out``. ``read_threads`` (without
+    ``num_workers``): the next batches are read on that many threads during the forward
+    (:func:`rankopt.data.reader.read_ahead`; datasets safe to read from several threads).
     """
     device = torch.device(device)
     rank, world = _distributed()
     shard = np.array_split(np.arange(len(dataset)), world)[rank]
-    loader = DataLoader(Subset(dataset, shard.tolist()), batch_size=batch_size, shuffle=False,
-                        num_workers=num_workers, generator=torch.Generator().manual_seed(0), collate_fn=collate)
+    loader: Iterable[Any]
+    if read_threads > 0 and num_workers == 0:
+        loader = read_ahead(dataset, shard.tolist(), batch_size, collate, threads=read_threads)
+    else:
+        loader = DataLoader(Subset(dataset, shard.tolist()), batch_size=batch_size, shuffle=False,
+                            num_workers=num_workers, generator=torch.Generator().manual_seed(0), collate_fn=collate)
     was_training = model.training
     model.eval()
     local: torch.Tensor | None = None  # (N_local, D), allocated when the first batch gives D
@@ -122,7 +129,7 @@ def embed_dataset(model: torch.nn.Module, dataset: Dataset, *, batch_size: int =
             return torch.empty((len(shard), dim), device=device if world > 1 else "cpu")  # gathered on device
 
         for batch in progress(loader, desc=desc, enabled=show_progress and rank == 0,
-                              count=lambda batch: len(batch["image"])):
+                              total=-(-len(shard) // batch_size), count=lambda batch: len(batch["image"])):
             images = batch["image"].to(device, non_blocking=True)
             if batch_transform is not None:
                 images = batch_transform(images)

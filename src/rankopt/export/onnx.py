@@ -105,10 +105,12 @@ def _quiet_exporter() -> Iterator[None]:
 
 
 def export_onnx(model: nn.Module, preprocessing: Mapping[str, Any], out: str | os.PathLike[str], *,
-                summary: Mapping[str, Any] | None = None, source: str | None = None) -> Path:
+                summary: Mapping[str, Any] | None = None, source: str | None = None,
+                fingerprint: str | None = None) -> Path:
     """Write ``model`` (in eval mode for the export, restored after) as ONNX to ``out`` (atomically) with the
     metadata of the module docstring; ``preprocessing`` (test transform preset and image size) sets the
-    input size and joins the fingerprint."""
+    input size and joins the fingerprint (``fingerprint``: stored instead, for a network that is a part or a
+    wrapper of the model the fingerprint names, :mod:`rankopt.export.runtimes`)."""
     onnx = import_exporter()
     input_spec = describe_input(preprocessing)
     height, width = output_size(preprocessing["transform"], preprocessing.get("image_size"))
@@ -116,7 +118,7 @@ def export_onnx(model: nn.Module, preprocessing: Mapping[str, Any], out: str | o
     parameter = next(model.parameters(), None)
     example = torch.rand(EXAMPLE_BATCH, 3, height, width, device=None if parameter is None else parameter.device)
     properties = {"format": FORMAT, "format_version": FORMAT_VERSION,
-                  "fingerprint": model_fingerprint(model, preprocessing),
+                  "fingerprint": fingerprint or model_fingerprint(model, preprocessing),
                   "preprocessing": json.dumps(dict(preprocessing), sort_keys=True),
                   "input": json.dumps(input_spec), "model": json.dumps(summary), "rankopt_version": __version__,
                   **({"source": source} if source else {})}

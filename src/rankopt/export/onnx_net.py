@@ -98,6 +98,7 @@ class OnnxNet(nn.Module):
             raise FileNotFoundError(f"ONNX model {str(self.path)!r} does not exist")
         if threads is not None and threads < 1:
             raise ValueError(f"threads must be >= 1, got {threads}")
+        self.threads = threads
         options = ort.SessionOptions()
         if threads is not None:
             options.intra_op_num_threads = threads

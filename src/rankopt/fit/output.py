@@ -43,10 +43,11 @@ def save_model(path: Path, net: torch.nn.Module, cfg: Any, source: Path) -> Path
 
 
 def save_index(folder: Path, model_path: Path, photos: Photos, embeddings: torch.Tensor, choice: PostChoice,
-               scales: tuple[float, ...] | None, device: torch.device) -> Index:
+               scales: tuple[float, ...] | None, device: torch.device, runtime: str | None = None) -> Index:
     """The index of every photo at ``folder``: ``embeddings`` (by the model saved at ``model_path``) with the chosen
-    steps, the whitening refitted on every photo's embedding; checked against the saved model first."""
-    embedder = Embedder.from_checkpoint(model_path, device=str(device), batch_size=CPU_BATCH,
+    steps, the whitening refitted on every photo's embedding; checked against the saved model first, on ``runtime``
+    (the one ``rankopt serve`` will use by default: its export is then cached)."""
+    embedder = Embedder.from_checkpoint(model_path, device=str(device), batch_size=CPU_BATCH, runtime=runtime,
                                         progress=False)  # a few photos: the parity check
     whitening = None
     if choice.whitening is not None:

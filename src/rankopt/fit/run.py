@@ -5,9 +5,11 @@ The stages (each prints one line with its time and the work left, :mod:`rankopt.
 1. ``check``: every photo opened (bad files refused, each named) before a model is loaded; the validation split
    (:mod:`rankopt.fit.validation`: a share of every class's photos kept back as new photos of known classes and,
    where the folder has enough classes, whole classes held out as new classes);
-2. ``model``: the pretrained backbone, cut into a fixed trunk and a trainable tail (:mod:`rankopt.fit.trunk`);
-   ``framing``: the model's centre crop or the whole photo (:mod:`rankopt.fit.framing`);
+2. ``model``: the pretrained backbone, cut into a fixed trunk and a trainable tail (:mod:`rankopt.fit.trunk`), both
+   frozen parts on the faster runtime (:mod:`rankopt.export.runtimes`); ``framing``: the model's centre crop or the
+   whole photo (:mod:`rankopt.fit.framing`);
 3. ``trunk``: the trunk's outputs of every photo, once (and mirrored for the training photos when the budget allows);
+   these network passes are :mod:`rankopt.fit.passes`, the state the stages fill :class:`rankopt.fit.state.FitState`;
 4. ``features``: the pretrained embeddings scored as the index is searched, and their post-processing chosen for
    each kind of query (:func:`rankopt.fit.post.choose_for_protocols`);
 5. ``tune``: the tail fine-tuned by a rank loss on the training photos, the learning rate and state chosen on
@@ -29,9 +31,9 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import tempfile
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -39,34 +41,22 @@ import numpy as np
 import torch
 
 from rankopt import layout
-from rankopt.data.transforms import build_transform
 from rankopt.describe import machine_info
-from rankopt.engine.assembly import (
-    model_from_checkpoint,
-    resolve_device,
-    seed_everything,
-)
+from rankopt.engine.assembly import resolve_device, seed_everything
 from rankopt.files import write_text_atomic
 from rankopt.fit.clock import Clock, clock_text
-from rankopt.fit.framing import FramingChoice, choose_framing
 from rankopt.fit.output import save_index, save_model, served_text, steps_text
 from rankopt.fit.page import write_report
-from rankopt.fit.photos import Photos, read_photos, save_split, split_photos
+from rankopt.fit.passes import frame_and_cache, model_stage
+from rankopt.fit.photos import read_photos, split_photos
 from rankopt.fit.post import PostChoice, choose_for_protocols
 from rankopt.fit.record import FitRecord, pipeline_record, split_record, tuning_record
 from rankopt.fit.scales import BUDGET_SHARE as SCALES_BUDGET_SHARE
 from rankopt.fit.scales import MultiScaleTrial, estimated_seconds, try_multiscale
 from rankopt.fit.settings import FitSettings, check_run_folder
-from rankopt.fit.sizing import Sizing, size_for
-from rankopt.fit.trunk import (
-    TailStates,
-    TrunkCache,
-    embed_cached,
-    final_resolution_cut,
-    trainable_state,
-    trunk_outputs,
-)
-from rankopt.fit.tune import BestState, Candidate, TuneResult, retrain, tune
+from rankopt.fit.state import FitState
+from rankopt.fit.trunk import TailStates, embed_cached, trainable_state
+from rankopt.fit.tune import Candidate, retrain, tune
 from rankopt.fit.validation import (
     KNOWN,
     NEW,
@@ -76,9 +66,7 @@ from rankopt.fit.validation import (
     open_floor,
     score_all,
 )
-from rankopt.fit.weights import resolve_checkpoint
 from rankopt.models.multiscale import DEFAULT_SCALES
-from rankopt.models.stages import cut
 from rankopt.search.index import Index
 
 SMALL_VALIDATION_CLASSES, SMALL_VALIDATION_PHOTOS = 5, 100
@@ -89,59 +77,13 @@ POST_MARGIN = 1.25
 """Each fine-tuned model's post-processing choice is planned at this multiple of the features' (measured)."""
 NO_TIME_S = 1.0
 """Below this many seconds for the tuning, the fit says that the budget left no time to fine-tune."""
-TRUNK_SHARE = 0.5
-"""Above this share of the budget for one pass over the photos, the fit warns that little time is left to train."""
 TUNE_SPARE, REFIT_SPARE = 0.05, 0.02
 """Shares of the budget left unplanned after the tuning (for the retraining to run over its estimate) and after
 the retraining (for the stages after it)."""
 REFIT_MARGIN = 1.2
 """The time kept for retraining, as a multiple of the chosen steps' time (scaled to every photo)."""
-MIRROR_SHARE = 0.25
-"""The mirrored training copies are computed when they take at most this share of the budget left."""
-FRAMING_COST = 2.5
-"""The framing choice's time, as a multiple of its photos' pass through the trunk (two framings, whole network)."""
 FEATURES = "features"
 """The pretrained model's name among the pipelines; a fine-tuned state's is :func:`_tuned_name`'s."""
-
-
-@dataclass
-class _Fit:
-    """The explicit state of one fit, filled stage by stage."""
-
-    settings: FitSettings
-    source: str
-    folder: Path
-    clock: Clock
-    device: torch.device
-    photos: Photos
-    checkpoint: Path = Path()
-    net: Any = None
-    cfg: Any = None
-    trunk: Any = None
-    states: TailStates | None = None
-    sizing: Sizing | None = None
-    pass_s: float = 0.0
-    rate: float = 1.0
-    framing: FramingChoice = field(default_factory=lambda: FramingChoice(""))
-    features: torch.Tensor | None = None
-    pipelines: list[Pipeline] = field(default_factory=list)
-    choices: dict[tuple[str, str], PostChoice] = field(default_factory=dict)
-    tuned: TuneResult | None = None
-    tuned_states: dict[str, BestState] = field(default_factory=dict)
-    served: Pipeline | None = None
-    why: list[str] = field(default_factory=list)
-    refit: dict[str, Any] | None = None
-    post_s: float = 0.0
-    tail_s: float = 0.0
-    """Seconds of one pass of every photo through the tail (the index's embedding)."""
-
-    @property
-    def split(self):
-        return self.photos.split
-
-    @property
-    def all_rows(self) -> np.ndarray:
-        return np.arange(len(self.photos.labels))
 
 
 def fit(photos_source: str | os.PathLike[str], out: str | os.PathLike[str], settings: FitSettings = FitSettings(),
@@ -160,9 +102,21 @@ def fit(photos_source: str | os.PathLike[str], out: str | os.PathLike[str], sett
     mark = lambda name: layout.write_unfinished(folder, stage=name, photos=str(photos_source), out=str(folder))
     mark("model")
     clock.on_stage = mark
-    run = _Fit(settings, str(photos_source), folder, clock, resolve_device(settings.device), photos)
-    _model(run)
-    _frame_and_cache(run)
+    run = FitState(settings, str(photos_source), folder, clock, resolve_device(settings.device), photos)
+    with tempfile.TemporaryDirectory(prefix="rankopt-fit-") as scratch:
+        run.scratch = Path(scratch)
+        record = _stages(run)
+    layout.clear_unfinished(folder)
+    clock.line(f"finished in {clock_text(clock.elapsed())} (budget {clock_text(clock.budget_s)}): "
+               f"rankopt serve {folder}")
+    return record.to_json()
+
+
+def _stages(run: FitState) -> FitRecord:
+    """The stages after ``check`` (module docstring), each in turn; the record as written to ``fit.json``."""
+    clock, folder, settings = run.clock, run.folder, run.settings
+    model_stage(run)
+    frame_and_cache(run)
     _features(run)
     _tune(run)
     _choose(run)
@@ -175,81 +129,14 @@ def fit(photos_source: str | os.PathLike[str], out: str | os.PathLike[str], sett
     with clock.stage("report") as stage:
         record = _record(run, index, choice, scales, trial)
         write_text_atomic(folder / layout.FIT_JSON, json.dumps(record.to_json(), indent=2) + "\n")
-        write_report(folder, record, photos, _example_embeddings(run))
+        write_report(folder, record, run.photos, _example_embeddings(run))
         stage["done"] = f"{folder / layout.REPORT_HTML}, {folder / layout.FIT_JSON}"
     record.seconds = {**clock.seconds, "total": clock.elapsed()}
     write_text_atomic(folder / layout.FIT_JSON, json.dumps(record.to_json(), indent=2) + "\n")
-    layout.clear_unfinished(folder)
-    clock.line(f"finished in {clock_text(clock.elapsed())} (budget {clock_text(clock.budget_s)}): "
-               f"rankopt serve {folder}")
-    return record.to_json()
+    return record
 
 
-def _model(run: _Fit) -> None:
-    """The ``model`` stage: the pretrained network, its transform, its cut into trunk and tail; the split saved."""
-    with run.clock.stage("model") as stage:
-        run.checkpoint = resolve_checkpoint(run.settings.backbone, run.settings.weights, say=run.clock.line)
-        run.net, run.cfg = model_from_checkpoint(run.checkpoint, run.device)
-        dataset = run.photos.dataset
-        dataset.transform = build_transform(run.cfg.data.test_transform, run.cfg.data.image_size)
-        save_split(run.photos, run.folder)
-        size = tuple(dataset[0]["image"].shape[-2:])
-        run.net.freeze_bn = True
-        at = final_resolution_cut(run.net.cpu(), size)  # type: ignore[arg-type]
-        run.net.to(run.device)
-        run.trunk, tail = cut(run.net, at)
-        for p in run.trunk.parameters():
-            p.requires_grad_(False)
-        run.states = TailStates(tail, TrunkCache(torch.empty(0), ()))
-        trainable = sum(p.numel() for p in tail.parameters() if p.requires_grad)
-        stage["done"] = (f"{run.cfg.model.backbone} at {size[0]}x{size[1]} px: the last {len(tail.stages)} of "
-                         f"{at + len(tail.stages)} stages and the head fine-tuned ({trainable / 1e6:.2f} M parameters)")
-    with torch.no_grad():
-        run.sizing = size_for(run.device, run.trunk.eval()(dataset[0]["image"].unsqueeze(0).to(run.device)).numel())
-        run.sizing.check_cache(len(dataset))
-        count = min(run.sizing.trunk_batch, len(dataset))
-        began = time.monotonic()  # one batch, decoding included: the time every photo will take
-        run.trunk(torch.stack([dataset[i]["image"] for i in range(count)]).to(run.device))
-        run.pass_s = len(dataset) * (time.monotonic() - began) / count
-
-
-def _frame_and_cache(run: _Fit) -> None:
-    """The ``framing`` stage (on the photos kept back, through the pretrained network) and the ``trunk`` stage."""
-    clock, split, dataset, sizing = run.clock, run.split, run.photos.dataset, run.sizing
-    assert sizing is not None and run.states is not None
-    framed = np.union1d(split.never_trained(), split.known_queries)
-    clock.plan("framing", FRAMING_COST * run.pass_s * framed.size / len(dataset))
-    clock.plan("trunk", run.pass_s)
-    with clock.stage("framing") as stage:
-        run.framing = choose_framing(run.net, run.photos.part(framed, "kept back"), split.labels[framed],
-                                     split.class_names, run.cfg.data.test_transform, run.cfg.data.image_size,
-                                     device=run.device, batch_size=sizing.trunk_batch, workers=sizing.workers)
-        run.cfg = dataclasses.replace(run.cfg, data=dataclasses.replace(run.cfg.data,
-                                                                         test_transform=run.framing.preset))
-        dataset.transform = build_transform(run.framing.preset, run.cfg.data.image_size)
-        stage["done"] = run.framing.note
-    if run.pass_s > TRUNK_SHARE * clock.left():
-        clock.line(f"warning: passing the {len(dataset):,} photos through the network once takes about "
-                   f"{clock_text(run.pass_s)} here, most of the {clock_text(clock.budget_s)} budget: the fine-tuning "
-                   "gets little time (a larger --minutes gives it more)")
-    kw = {"device": run.device, "batch_size": sizing.trunk_batch, "workers": sizing.workers}
-    with clock.stage("trunk") as stage:
-        began = time.monotonic()
-        center, shape = trunk_outputs(run.trunk, dataset, **kw)  # type: ignore[arg-type]
-        run.rate = len(dataset) / max(time.monotonic() - began, 1e-6)
-        cache = TrunkCache(center, shape)
-        if split.train.size / run.rate <= MIRROR_SHARE * clock.left() and \
-                sizing.cache_bytes(len(dataset) + split.train.size) <= sizing.cache_budget:
-            cache.mirrored, _ = trunk_outputs(run.trunk, run.photos.part(split.train, "train"), mirror=True,
-                                              desc="trunk (mirrored)", **kw)  # type: ignore[arg-type]
-            cache.rows = split.train
-        run.states.cache = cache
-        stage["done"] = (f"{len(dataset):,} photos at {run.rate:.0f}/s, "
-                         f"{'with' if cache.mirrored is not None else 'without'} mirrored copies of the training "
-                         f"photos ({cache.nbytes() / 2**20:.0f} MiB)")
-
-
-def _add_pipelines(run: _Fit, model: str, x: torch.Tensor) -> None:
+def _add_pipelines(run: FitState, model: str, x: torch.Tensor) -> None:
     """The pipelines of ``model`` (validation embeddings ``x``): alone, and with the post-processing chosen for each
     protocol and for both (a choice equal to one already listed is not repeated)."""
     split = run.split
@@ -264,7 +151,7 @@ def _add_pipelines(run: _Fit, model: str, x: torch.Tensor) -> None:
                                           choice.describe()))
 
 
-def _features(run: _Fit) -> None:
+def _features(run: FitState) -> None:
     """The ``features`` stage: the pretrained embeddings of every photo and the features' pipelines."""
     assert run.states is not None
     run.clock.plan("features", run.pass_s * 0.2)
@@ -285,12 +172,12 @@ def _scores_text(pipeline: Pipeline) -> str:
     return f"{pipeline.model}{steps}: mAP@R {values}"
 
 
-def _primary(run: _Fit) -> str:
+def _primary(run: FitState) -> str:
     """The protocol that leads the tuning and decides the served pipeline."""
     return KNOWN if run.settings.queries in (KNOWN, "both") or NEW not in run.split.protocols else NEW
 
 
-def _tune(run: _Fit) -> None:
+def _tune(run: FitState) -> None:
     """The ``tune`` stage: the tail trained on the training photos, its best state per protocol kept."""
     clock, split, states = run.clock, run.split, run.states
     assert states is not None
@@ -331,7 +218,7 @@ def _tuned_name(protocol: str, primary: str) -> str:
     return "fine-tuned" if protocol == primary else f"fine-tuned (best on {protocol} queries)"
 
 
-def _choose(run: _Fit) -> None:
+def _choose(run: FitState) -> None:
     """The ``post`` stage: each fine-tuned state's pipelines, then the served one (:func:`choose_served`)."""
     assert run.states is not None
     with run.clock.stage("post") as stage:
@@ -342,7 +229,7 @@ def _choose(run: _Fit) -> None:
         stage["done"] += f"; {run.why[-1]}"
 
 
-def _refit(run: _Fit) -> None:
+def _refit(run: FitState) -> None:
     """The ``refit`` stage: the recipe of the served fine-tuned state (else of the leading one, kept beside the
     served features) run again from the pretrained state on every photo, within the time left."""
     assert run.states is not None and run.tuned is not None and run.served is not None
@@ -374,7 +261,7 @@ def _refit(run: _Fit) -> None:
         stage["done"] = note
 
 
-def _served_state(run: _Fit) -> str:
+def _served_state(run: FitState) -> str:
     """The tail state the served model embeds with: the retraining of the served fine-tuned state, if any."""
     assert run.served is not None and run.states is not None
     if not run.served.trained:
@@ -383,14 +270,14 @@ def _served_state(run: _Fit) -> str:
     return "refit" if refit else run.served.model
 
 
-def _served_choice(run: _Fit) -> PostChoice:
+def _served_choice(run: FitState) -> PostChoice:
     assert run.served is not None
     if run.served.steps_for is None:
         return PostChoice(None, None, None, {}, [])
     return run.choices[run.served.model, run.served.steps_for]
 
 
-def _scales(run: _Fit) -> tuple[torch.Tensor, PostChoice, tuple[float, ...] | None, MultiScaleTrial]:
+def _scales(run: FitState) -> tuple[torch.Tensor, PostChoice, tuple[float, ...] | None, MultiScaleTrial]:
     """The ``scales`` stage when planned and the time allows; the index's embeddings and steps either way."""
     assert run.states is not None and run.served is not None and run.sizing is not None
     states, clock, served = run.states, run.clock, run.served
@@ -428,7 +315,7 @@ def _scales(run: _Fit) -> tuple[torch.Tensor, PostChoice, tuple[float, ...] | No
     return embeddings, choice, None, trial
 
 
-def _save_model_and_index(run: _Fit, embeddings: torch.Tensor, choice: PostChoice,
+def _save_model_and_index(run: FitState, embeddings: torch.Tensor, choice: PostChoice,
                           scales: tuple[float, ...] | None) -> Index:
     """``RUN/model.ckpt`` and ``RUN/index`` (:func:`rankopt.fit.output.save_index`); ``RUN/fine_tuned.ckpt`` the
     fine-tuned weights when the features are served."""
@@ -440,10 +327,11 @@ def _save_model_and_index(run: _Fit, embeddings: torch.Tensor, choice: PostChoic
         save_model(run.folder / layout.FINE_TUNED_CKPT, run.net, cfg, run.checkpoint)
     run.states.load(_served_state(run))
     model_path = save_model(run.folder / layout.MODEL_CKPT, run.net, cfg, run.checkpoint)
-    return save_index(run.folder / layout.INDEX_DIR, model_path, run.photos, embeddings, choice, scales, run.device)
+    return save_index(run.folder / layout.INDEX_DIR, model_path, run.photos, embeddings, choice, scales, run.device,
+                      run.settings.runtime)
 
 
-def _example_embeddings(run: _Fit) -> dict[str, torch.Tensor]:
+def _example_embeddings(run: FitState) -> dict[str, torch.Tensor]:
     """Validation embeddings of the features and of the served model (when fine-tuned), for the report's examples."""
     assert run.features is not None and run.states is not None and run.served is not None
     out = {"pretrained features": run.features[torch.as_tensor(run.split.rows)]}
@@ -452,7 +340,7 @@ def _example_embeddings(run: _Fit) -> dict[str, torch.Tensor]:
     return out
 
 
-def _why(run: _Fit, trial: MultiScaleTrial) -> list[str]:
+def _why(run: FitState, trial: MultiScaleTrial) -> list[str]:
     assert run.tuned is not None
     why = [f"framing: {run.framing.note}"]
     if run.refit is not None:
@@ -474,7 +362,7 @@ def _why(run: _Fit, trial: MultiScaleTrial) -> list[str]:
     return why + run.why + [trial.note]
 
 
-def _record(run: _Fit, index: Index, choice: PostChoice, scales: tuple[float, ...] | None,
+def _record(run: FitState, index: Index, choice: PostChoice, scales: tuple[float, ...] | None,
             trial: MultiScaleTrial) -> FitRecord:
     assert run.tuned is not None and run.served is not None and run.sizing is not None
     served, state = run.served, run.tuned_states.get(run.served.model)
@@ -493,6 +381,7 @@ def _record(run: _Fit, index: Index, choice: PostChoice, scales: tuple[float, ..
         served_scores[_primary(run)] = dict(trial.choice.metrics)
     return FitRecord(run.source, run.cfg.model.backbone, run.checkpoint.name, str(run.device), run.settings.queries,
                      split_record(run.split), pipelines, chosen, served_scores,
-                     dataclasses.asdict(run.settings), run.sizing.to_dict(), machine_info(run.device),
+                     dataclasses.asdict(run.settings), run.sizing.to_dict(),
+                     {**machine_info(run.device), "runtime": run.runtime and run.runtime.to_dict()},
                      None if run.refit is None else {k: v for k, v in run.refit.items() if k != "note"},
                      dict(run.clock.seconds))

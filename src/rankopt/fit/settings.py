@@ -36,6 +36,9 @@ class FitSettings:
     (:func:`rankopt.fit.tune.retrain`; the steps scaled by the photos added)."""
     overwrite: bool = False
     """Whether an existing run folder (a fit's, finished or not) is replaced."""
+    runtime: str | None = None
+    """What runs the frozen forwards (framing, trunk, the index's check): ``auto``, ``torch``, ``onnx``
+    (:mod:`rankopt.export.runtimes`; ``None``: ``$RANKOPT_RUNTIME``, else ``auto``)."""
 
 
 def check_run_folder(out: str | os.PathLike[str], overwrite: bool = False) -> Path:

@@ -4,7 +4,8 @@ On a CPU the photos are decoded in the main process (workers would take the core
 trunk runs in batches of :data:`CPU_BATCH`, whose activations stay within the memory glibc keeps for reuse
 (``rankopt.runtime.keep_allocations``); on a GPU, loader workers decode beside it and batches are larger. The
 trunk outputs are kept in memory, at most :data:`CACHE_SHARE` of it, so that the whole process stays under half
-of the machine's memory; the mirrored copies are dropped first.
+of the machine's memory; the mirrored copies are dropped first, and beyond that share the outputs are spilled to a
+temporary file (:meth:`Sizing.spills`).
 """
 
 from __future__ import annotations
@@ -40,13 +41,10 @@ class Sizing:
     def cache_bytes(self, photos: int) -> int:
         return photos * self.bytes_per_photo
 
-    def check_cache(self, photos: int) -> None:
-        """Refuse a trunk cache of ``photos`` larger than :attr:`cache_budget`, saying by how much."""
-        need = self.cache_bytes(photos)
-        if need > self.cache_budget:
-            raise MemoryError(f"{photos:,} photos need {need / 2**30:.1f} GiB of cached trunk outputs, more than "
-                              f"{CACHE_SHARE:.0%} of this machine's {self.memory / 2**30:.1f} GiB: fit a part of the "
-                              "folder (rankopt index then adds every photo) or use a machine with more memory")
+    def spills(self, photos: int) -> bool:
+        """Whether the trunk outputs of ``photos`` exceed :attr:`cache_budget`: then they are written to a temporary
+        file and read back through the page cache (a memory map) instead of held in the process's memory."""
+        return self.cache_bytes(photos) > self.cache_budget
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -20,6 +22,8 @@ from torch import nn
 
 from rankopt.data.base import RetrievalDataset
 from rankopt.engine.embed_and_score import embed_dataset
+from rankopt.export.runtimes import TIMED_BATCH, Runtime, default_runtime, prepare_network
+from rankopt.models.fingerprint import model_fingerprint
 from rankopt.models.retrieval_net import RetrievalNet
 from rankopt.models.stages import backbone_stages
 
@@ -63,13 +67,38 @@ class TrunkCache:
         return self.center.numel() * 4 + (0 if self.mirrored is None else self.mirrored.numel() * 4)
 
 
+def frozen_forwards(net: nn.Module, trunk: nn.Module, preprocessing: dict[str, Any], runtime: str | None,
+                    device: torch.device, say: Callable[[str], None], batch: int = TIMED_BATCH
+                    ) -> tuple[nn.Module, nn.Module, Runtime]:
+    """The pretrained ``net`` and its :func:`flat_trunk` on ``runtime`` (:func:`rankopt.export.runtimes.
+    prepare_network`, at batches of ``batch``; ``None``: the default), and the trunk's runtime: both networks are
+    frozen while they run (framing, the trunk pass), and their exports are cached by fingerprint, so every fit
+    from the same weights reuses them."""
+    runtime = runtime or default_runtime()
+    fast_net, _ = prepare_network(net, preprocessing, model_fingerprint(net, preprocessing), runtime=runtime,
+                                  device=device, say=say, batch=batch)
+    flat = flat_trunk(trunk)
+    fast_trunk, chosen = prepare_network(flat, preprocessing, model_fingerprint(flat, preprocessing),
+                                         runtime=runtime, device=device, say=say, batch=batch)
+    return fast_net, fast_trunk, chosen
+
+
+def flat_trunk(trunk: nn.Module) -> nn.Module:
+    """``trunk`` with its outputs flattened, ``(B, 3, H, W) -> (B, C·H·W)``: the network of the trunk pass."""
+    return nn.Sequential(trunk, nn.Flatten(1))
+
+
 def trunk_outputs(trunk: nn.Module, dataset: RetrievalDataset, *, device: torch.device, batch_size: int,
-                  workers: int = 0, mirror: bool = False, desc: str = "trunk") -> tuple[torch.Tensor, tuple[int, ...]]:
-    """``(N, C·H·W)`` float32 trunk outputs of ``dataset``'s photos (mirrored left-right when ``mirror``)."""
-    flat = nn.Sequential(trunk, nn.Flatten(1))
+                  workers: int = 0, mirror: bool = False, desc: str = "trunk", network: nn.Module | None = None,
+                  read_threads: int = 0, out: Path | None = None) -> tuple[torch.Tensor, tuple[int, ...]]:
+    """``(N, C·H·W)`` float32 trunk outputs of ``dataset``'s photos (mirrored left-right when ``mirror``), computed
+    by ``network`` (default :func:`flat_trunk`; e.g. its onnxruntime session, :mod:`rankopt.export.runtimes`) with
+    ``read_threads`` reading ahead; ``out``: written to that ``.npy`` file and returned as its memory map."""
+    flat = network if network is not None else flat_trunk(trunk)
     flip: Callable[[torch.Tensor], torch.Tensor] | None = (lambda x: x.flip(-1)) if mirror else None
     split = embed_dataset(flat, dataset, batch_size=batch_size, device=device, num_workers=workers,
-                          batch_transform=flip, desc=desc)
+                          batch_transform=flip, desc=desc, read_threads=read_threads if workers == 0 else 0,
+                          out=out)
     with torch.no_grad():
         probe = dataset[0]["image"].unsqueeze(0).to(device)
         shape = tuple(trunk.eval()(probe).shape[1:])
@@ -110,7 +139,6 @@ class TailStates:
         """``(len(rows), D)`` embeddings of the cached photos ``rows`` with state ``name`` (left loaded)."""
         self.load(name)
         return embed_cached(self.tail, self.cache, rows)
-
 
 
 def trainable_state(model: nn.Module) -> dict[str, torch.Tensor]:

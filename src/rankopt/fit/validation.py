@@ -115,7 +115,7 @@ def _kept_back(rows: np.ndarray, share: float, rng: np.random.Generator) -> np.n
     return np.sort(rng.choice(rows, count, replace=False))
 
 
-def _capped(rows: np.ndarray, labels: np.ndarray, cap: int, rng: np.random.Generator,
+def sample_by_class(rows: np.ndarray, labels: np.ndarray, cap: int, rng: np.random.Generator,
             keep: np.ndarray | None = None) -> np.ndarray:
     """``rows`` when at most ``cap``, else a sample of each class's rows in proportion (at least one each);
     ``keep``: rows always kept (counted in the cap)."""
@@ -153,9 +153,9 @@ def make_split(labels: np.ndarray, class_names: Sequence[str], seed: int, *,
         (new_gallery if c in held else train).append(np.setdiff1d(rows, back))
     none = np.array([], dtype=np.int64)
     train_rows, new_gallery_rows = np.concatenate(train), np.concatenate([none, *new_gallery])
-    known_rows = _capped(np.concatenate(known), labels, KNOWN_QUERIES_MAX, rng)
-    new_rows = _capped(np.concatenate([none, *new_queries]), labels, NEW_QUERIES_MAX, rng)
-    gallery = _capped(train_rows, labels, GALLERY_MAX, rng, keep=new_gallery_rows)
+    known_rows = sample_by_class(np.concatenate(known), labels, KNOWN_QUERIES_MAX, rng)
+    new_rows = sample_by_class(np.concatenate([none, *new_queries]), labels, NEW_QUERIES_MAX, rng)
+    gallery = sample_by_class(train_rows, labels, GALLERY_MAX, rng, keep=new_gallery_rows)
     return ValidationSplit(labels, list(class_names), train_rows, known_rows, new_gallery_rows, new_rows, gallery,
                            note)
 

@@ -15,6 +15,7 @@ import copy
 import dataclasses
 import functools
 import os
+import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -33,7 +34,9 @@ from rankopt.engine.assembly import (
 )
 from rankopt.engine.embed_and_score import EmbeddedSplit, embed_dataset
 from rankopt.describe import model_info
+from rankopt.data.reader import READ_THREADS
 from rankopt.export.onnx_net import OnnxNet
+from rankopt.export.runtimes import TIMED_BATCH_MAX, TORCH, Runtime, default_runtime, prepare_network
 from rankopt.models.fingerprint import model_fingerprint
 from rankopt.postprocess import MULTISCALE_KEY, WHITENING_KEY, PostProcessing, Whitening
 
@@ -65,6 +68,13 @@ class Embedder:
     progress: bool = True
     post: PostProcessing | None = None
     """Multi-scale embedding and whitening applied to every embedding (set by :meth:`with_postprocessing`)."""
+    runtime: str = TORCH
+    """``auto``, ``torch`` or ``onnx``: what runs the forward (:mod:`rankopt.export.runtimes`; a checkpoint's
+    embedder defaults to ``$RANKOPT_RUNTIME`` or ``auto``, a live ``nn.Module``'s to ``torch``)."""
+    threads: int | None = None
+    """onnxruntime's intra-op threads (default: torch's thread count)."""
+    read_threads: int = READ_THREADS
+    """Threads reading the next images during the forward (:func:`rankopt.data.reader.read_ahead`; 0: none)."""
     fingerprint: str = field(init=False)
 
     def __post_init__(self) -> None:
@@ -83,6 +93,7 @@ class Embedder:
         (``rankopt export``) is run by onnxruntime (:meth:`from_onnx`)."""
         if Path(path).suffix.lower() == ".onnx":
             return cls.from_onnx(path, device=device, **options)
+        options["runtime"] = options.get("runtime") or default_runtime()
         resolved = resolve_device(device)
         model, cfg = model_from_checkpoint(path, resolved)
         preprocessing = inference_preprocessing(cfg)
@@ -96,8 +107,9 @@ class Embedder:
         ``threads`` intra-op threads on ``device``), with the test transform and the fingerprint stored in it:
         those of its checkpoint, so their embeddings are interchangeable."""
         net = OnnxNet(path, device=device, threads=threads)
+        options.pop("runtime", None)  # the file fixes it
         return cls(net, transform_from_preprocessing(net.preprocessing), net.preprocessing, torch.device("cpu"),
-                   checkpoint=str(Path(path).resolve()), summary=net.summary, **options)
+                   checkpoint=str(Path(path).resolve()), summary=net.summary, threads=threads, **options)
 
     @classmethod
     def from_model(cls, model: nn.Module, *, transform: Callable[..., torch.Tensor] | None = None,
@@ -145,15 +157,33 @@ class Embedder:
                          f"{what}: {cause}; its embeddings are not comparable")
 
     @functools.cached_property
+    def _prepared(self) -> tuple[nn.Module, Runtime]:
+        if isinstance(self.model, OnnxNet):
+            return self.model, Runtime("onnxruntime", self.threads or torch.get_num_threads(),
+                                       self.model.runtime_device, f"the ONNX file {self.model.path.name}")
+        network = self.model if self.post is None else self.post.wrap_model(self.model)
+        say = (lambda line: print(line, file=sys.stderr, flush=True)) if self.progress else None
+        return prepare_network(network, self.preprocessing, self.fingerprint, runtime=self.runtime,
+                               device=self.device, threads=self.threads, summary=self.summary, say=say,
+                               batch=min(self.batch_size, TIMED_BATCH_MAX))
+
+    @property
     def network(self) -> nn.Module:
-        """The model with the multi-scale step of :attr:`post` (its whitening is applied to the outputs)."""
-        return self.model if self.post is None else self.post.wrap_model(self.model)
+        """The model with the multi-scale step of :attr:`post` (its whitening is applied to the outputs), on the
+        runtime :attr:`runtime` asks for (prepared at first use: an ONNX export is made once per model)."""
+        return self._prepared[0]
+
+    @property
+    def active_runtime(self) -> Runtime:
+        """The runtime :attr:`network` runs on, its threads, and why it was chosen."""
+        return self._prepared[1]
 
     def embed(self, images: ImageSource, *, desc: str = "embedding") -> EmbeddedSplit:
         """Embeddings ``(N, D)`` of ``images`` (a dataset is embedded with this embedder's transform)."""
         dataset = as_dataset(images, self.transform)
         split = embed_dataset(self.network, dataset, batch_size=self.batch_size, device=self.device,
-                              num_workers=self.num_workers, show_progress=self.progress, desc=desc)
+                              num_workers=self.num_workers, show_progress=self.progress, desc=desc,
+                              read_threads=self.read_threads)
         if self.post is not None:
             split.embeddings = self.post.whiten(split.embeddings)
         return split

@@ -102,7 +102,7 @@ class Index:
               transform: Any = None, preprocessing: Mapping[str, Any] | None = None, similarity: str = "cosine",
               postprocessing: PostProcessing | None = None, faiss: str | None = None,
               faiss_params: str | None = None, metadata: MetadataSource | None = None, batch_size: int = 256,
-              device: str = "auto", num_workers: int = 0, progress: bool = True) -> Index:
+              device: str = "auto", num_workers: int = 0, progress: bool = True, runtime: str | None = None) -> Index:
         """Embed ``images_or_dataset`` (a dataset, an image folder, or image files/folders) and index them.
 
         ``model_or_checkpoint``: a checkpoint path (model, test transform and ``preprocessing`` from its
@@ -112,7 +112,8 @@ class Index:
         ``postprocessing``: multi-scale and whitening join the embedding pipeline (and the fingerprint);
         DBA rewrites the indexed vectors; αQE belongs to :meth:`search` (``qe=``). ``metadata``: a ``.csv``
         / ``.parquet`` file or a ``{path: row}`` table keyed by image path, besides a dataset's own columns
-        (a CSV dataset's ``id`` column gives the ids).
+        (a CSV dataset's ``id`` column gives the ids). ``runtime``: what runs a checkpoint's forward (``auto``,
+        ``torch``, ``onnx``; :mod:`rankopt.export.runtimes`; default ``$RANKOPT_RUNTIME``, else ``auto``).
         """
         options = {"device": device, "batch_size": batch_size, "num_workers": num_workers, "progress": progress}
         if isinstance(model_or_checkpoint, Embedder):
@@ -124,7 +125,7 @@ class Index:
             if transform is not None or preprocessing is not None:
                 raise ValueError("transform/preprocessing come from the checkpoint's config; pass an nn.Module "
                                  "to choose them")
-            embedder = Embedder.from_checkpoint(model_or_checkpoint, **options)
+            embedder = Embedder.from_checkpoint(model_or_checkpoint, runtime=runtime, **options)
         embedder = embedder.with_postprocessing(postprocessing)
         dataset = as_dataset(images_or_dataset, embedder.transform, class_tree=True)
         return cls.from_split(embedder, dataset, embedder.embed(dataset), similarity=similarity,

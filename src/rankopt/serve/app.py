@@ -93,8 +93,9 @@ class Settings:
     off); ``max_batch`` / ``max_wait_ms``: micro-batching (:class:`~rankopt.serve.batcher.MicroBatcher`);
     ``reload_every_s``: how often the index folder's identity is polled (0: never); ``hosts``: the ``Host`` names
     answered (:class:`~rankopt.serve.guard.HostRule`); ``threads``: intra-op threads
-    of the torch thread (transforms, forwards, searches; default: :func:`~rankopt.serve.batcher.default_threads`);
-    ``workers``: threads decoding uploads and thumbnails."""
+    of the torch thread (transforms, forwards, searches; default: :func:`~rankopt.serve.batcher.default_threads`),
+    and of onnxruntime's forward when it runs the model; ``runtime``: what runs the forward (``auto``, ``torch``,
+    ``onnx``; :mod:`rankopt.export.runtimes`); ``workers``: threads decoding uploads and thumbnails."""
 
     limits: Limits = Limits()
     token: str | None = None
@@ -104,6 +105,7 @@ class Settings:
     max_wait_ms: float = 2.0
     reload_every_s: float = 1.0
     threads: int | None = None
+    runtime: str | None = None
     workers: int = os.cpu_count() or 1
 
 
@@ -339,14 +341,18 @@ class Service:
             raise ApiError(404, f"the image of item {item_id!r} cannot be read") from None
 
     def health(self, authorized: bool) -> dict[str, Any]:
-        """Status, size, fingerprint and last reload; why a reload failed (paths) only to ``authorized`` requests."""
+        """Status, size, fingerprint, the model's runtime and last reload; why a reload failed and why the runtime
+        was chosen (paths) only to ``authorized`` requests."""
         snapshot = self.holder.current
         out = {"status": "ok", "items": len(snapshot.index), "dim": snapshot.index.dim,
                "fingerprint": snapshot.index.fingerprint, "search": snapshot.index.backend,
                "version": snapshot.version, "loaded_utc": snapshot.loaded_utc,
+               "runtime": snapshot.embedder.active_runtime.to_dict(),
                "reload_failed": self.holder.last_error is not None}
         if authorized:
             out["reload_error"] = self.holder.last_error
+        else:  # why a runtime was chosen may name files
+            out["runtime"].pop("note")
         return out
 
 

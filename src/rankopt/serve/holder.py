@@ -63,14 +63,18 @@ class IndexHolder:
     """The served :class:`Snapshot` of the index folder ``directory``; :meth:`poll` reloads it on change."""
 
     def __init__(self, directory: str | os.PathLike[str], *, checkpoint: str | os.PathLike[str] | None = None,
-                 onnx: str | os.PathLike[str] | None = None, device: str = "auto", threads: int | None = None) -> None:
-        """``threads``: onnxruntime's intra-op threads when queries are embedded by an ``onnx`` export (torch's
-        are the torch thread's, :class:`~rankopt.serve.batcher.MicroBatcher`)."""
+                 onnx: str | os.PathLike[str] | None = None, device: str = "auto", threads: int | None = None,
+                 runtime: str | None = None) -> None:
+        """``threads``: onnxruntime's intra-op threads when queries are embedded by it (torch's are the torch
+        thread's, :class:`~rankopt.serve.batcher.MicroBatcher`); ``runtime``: what runs a checkpoint's forward
+        (:mod:`rankopt.export.runtimes`; default ``$RANKOPT_RUNTIME``, else ``auto``)."""
         self.directory = storage.index_folder(directory)
         if checkpoint is not None and onnx is not None:
             raise ValueError("give checkpoint or onnx, not both")
         self._model, self._device = onnx or checkpoint, device
-        self._options = {"threads": threads} if onnx is not None and threads is not None else {}
+        self._options: dict[str, Any] = {"threads": threads} if threads is not None else {}
+        if onnx is None:
+            self._options["runtime"] = runtime
         self._lock = threading.Lock()
         self.last_error: str | None = None
         """Why the last reload failed (cleared by a successful one)."""

@@ -86,7 +86,9 @@ def describe_routes(*, guarded: bool, max_k: int, max_images: int = 64) -> dict[
     common = (400, 413, 421)
     item = {"type": "object", "required": ["id"], "properties": {"id": {"type": "string"}}}
     health = {"type": "object", "required": ["status", "items"], "properties": {
-        "status": {"type": "string"}, "items": {"type": "integer"}, "reload_failed": {"type": "boolean"}}}
+        "status": {"type": "string"}, "items": {"type": "integer"}, "reload_failed": {"type": "boolean"},
+        "runtime": {"type": "object", "properties": {"name": {"type": "string"}, "threads": {"type": "integer"},
+                                                      "device": {"type": "string"}, "note": {"type": "string"}}}}}
     return {
         "/search": {
             "summary": "Search with an image upload, a base64 image, a vector or an item id",

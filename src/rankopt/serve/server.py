@@ -84,11 +84,12 @@ def serve(index_dir: str | os.PathLike[str], *, host: str = "127.0.0.1", port: i
     check_host(host, settings.token)
     settings = dataclasses.replace(settings, hosts=HostRule(host, settings.hosts.allowed))  # the Host rule of `host`
     holder = IndexHolder(index_dir, checkpoint=checkpoint, onnx=onnx, device=device,
-                         threads=settings.threads or default_threads())
+                         threads=settings.threads or default_threads(), runtime=settings.runtime)
     index = holder.current.index
     shown = f"[{host}]" if ":" in host else host
     print(f"serving {index_dir}: {len(index)} items, {index.dim}-d, {index.backend}, fingerprint {index.fingerprint}, "
-          f"queries embedded on {holder.current.embedder.device}\nopen http://{shown}:{port}/", flush=True)
+          f"queries embedded by {holder.current.embedder.active_runtime.describe()}\nopen http://{shown}:{port}/",
+          flush=True)
     uvicorn.run(create_app(holder, settings), host=host, port=port, log_level=log_level, access_log=False,
                 http=timed_protocol(request_timeout_s), timeout_keep_alive=KEEP_ALIVE_S,
                 limit_concurrency=max_connections)

@@ -1,0 +1,47 @@
+"""Batches of a dataset read by a few threads ahead of their use, so decoding overlaps the forward.
+
+``DataLoader`` without workers reads each batch in the calling thread between two forwards, so an inference
+pass costs ``decode + forward``; worker processes fix that on large machines but copy the dataset and pay a
+process start each. :func:`read_ahead` reads the items of the next ``ahead`` batches on ``threads`` threads while
+the caller runs the current one: PIL's decoders, rankopt's compiled resize and onnxruntime release the GIL, so
+the pass costs about ``max(decode, forward)`` on cores the forward does not fill. Items come back in order; an
+item that fails to read raises its error (naming the file) when its batch is reached. For datasets whose
+``__getitem__`` may be called from several threads at once: a :class:`rankopt.data.base.RetrievalDataset` is (files
+are opened per read, a zip archive's members are read through ``zipfile``'s shared-file lock, and the compiled
+transform path takes no global state).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any
+
+READ_THREADS = 2
+"""Threads reading ahead by default (measured: benchmarks/results/runtimes.md)."""
+AHEAD = 2
+"""Batches read ahead of the one in use."""
+
+
+def read_ahead(dataset: Any, indices: Sequence[int], batch_size: int, collate: Callable[[list[Any]], Any], *,
+               threads: int = READ_THREADS, ahead: int = AHEAD) -> Iterator[Any]:
+    """``collate([dataset[i] for i in batch])`` for each batch of ``indices`` in order, read ``ahead`` batches early
+    on ``threads`` threads (module docstring)."""
+    if threads < 1 or ahead < 1 or batch_size < 1:
+        raise ValueError(f"threads, ahead and batch_size must be >= 1, got {threads}, {ahead}, {batch_size}")
+    batches = [indices[start:start + batch_size] for start in range(0, len(indices), batch_size)]
+    with ThreadPoolExecutor(threads, thread_name_prefix="rankopt-read") as pool:
+        pending: deque[list[Future[Any]]] = deque()
+        following = iter(batches)
+        try:
+            for batch in following:
+                pending.append([pool.submit(dataset.__getitem__, i) for i in batch])
+                if len(pending) > ahead:
+                    yield collate([f.result() for f in pending.popleft()])
+            while pending:
+                yield collate([f.result() for f in pending.popleft()])
+        finally:
+            for futures in pending:
+                for f in futures:
+                    f.cancel()

@@ -76,10 +76,10 @@ def default_runtime() -> str:
 
 
 def onnx_unavailable() -> str | None:
-    """Why onnxruntime cannot run exported networks here (``None``: it can)."""
+    """Why onnxruntime cannot run exported networks here (``None``: it can). The exporter (onnx, onnxscript: a
+    second to import) is checked only when an export is made (:func:`cached_export`)."""
     try:
         import_onnxruntime()
-        import_exporter()
     except ImportError as err:
         return str(err)
     return None
@@ -97,6 +97,7 @@ def cached_export(network: nn.Module, preprocessing: Mapping[str, Any], key: str
             raise ValueError(stored["refused"])
         if path.is_file():
             return path
+    import_exporter()  # an ImportError naming the install line when onnx or onnxscript is missing
     staged = folder / f".{key}.{os.getpid()}.staged.onnx"
     try:
         try:
@@ -150,7 +151,7 @@ def prepare_network(network: nn.Module, preprocessing: Mapping[str, Any], key: s
         if say is not None and not (folder or cache_dir("onnx")).joinpath(f"{key}.json").is_file():
             say("exporting the network to ONNX once for onnxruntime (cached for later runs)")
         path = cached_export(network, preprocessing, key, folder=folder, summary=summary)
-    except ValueError as err:
+    except (ValueError, ImportError) as err:
         if runtime == ONNX:
             raise
         return network, Runtime(on_torch.name, on_torch.threads, on_torch.device, f"onnxruntime not used: {err}")

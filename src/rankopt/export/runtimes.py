@@ -22,6 +22,7 @@ call with ``threads`` intra-op threads (default: torch's thread count, so both r
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import time
@@ -141,12 +142,12 @@ def prepare_network(network: nn.Module, preprocessing: Mapping[str, Any], key: s
     if device.type != "cpu":
         if runtime == ONNX:
             raise ValueError(f"--runtime onnx runs on the CPU; device {device} runs PyTorch (use --runtime auto)")
-        return network, Runtime(on_torch.name, on_torch.threads, on_torch.device, f"PyTorch on {device}")
+        return network, dataclasses.replace(on_torch, note=f"PyTorch on {device}")
     missing = onnx_unavailable()
     if missing is not None:
         if runtime == ONNX:
             raise ImportError(missing)
-        return network, Runtime(on_torch.name, on_torch.threads, on_torch.device, f"onnxruntime not used: {missing}")
+        return network, dataclasses.replace(on_torch, note=f"onnxruntime not used: {missing}")
     try:
         if say is not None and not (folder or cache_dir("onnx")).joinpath(f"{key}.json").is_file():
             say("exporting the network to ONNX once for onnxruntime (cached for later runs)")
@@ -154,7 +155,7 @@ def prepare_network(network: nn.Module, preprocessing: Mapping[str, Any], key: s
     except (ValueError, ImportError) as err:
         if runtime == ONNX:
             raise
-        return network, Runtime(on_torch.name, on_torch.threads, on_torch.device, f"onnxruntime not used: {err}")
+        return network, dataclasses.replace(on_torch, note=f"onnxruntime not used: {err}")
     net = OnnxNet(path, device="cpu", threads=threads)
     if hasattr(network, "embedding_dim"):
         net.embedding_dim = int(network.embedding_dim)
@@ -164,8 +165,8 @@ def prepare_network(network: nn.Module, preprocessing: Mapping[str, Any], key: s
     torch_ms, onnx_ms = timings(network, net, batch, path.with_suffix(".json"))
     said = f"at batch {batch}: PyTorch {torch_ms:.1f} ms, onnxruntime {onnx_ms:.1f} ms (measured once here)"
     if torch_ms < onnx_ms:
-        return network, Runtime(on_torch.name, on_torch.threads, on_torch.device, f"faster than onnxruntime {said}")
-    return net, Runtime(chosen.name, threads, "cpu", f"{chosen.note}; {said}")
+        return network, dataclasses.replace(on_torch, note=f"faster than onnxruntime {said}")
+    return net, dataclasses.replace(chosen, note=f"{chosen.note}; {said}")
 
 
 def timings(network: nn.Module, net: OnnxNet, batch: int, verdict: Path) -> tuple[float, float]:

@@ -57,7 +57,7 @@ from rankopt.data.image_files import load_image
 from rankopt.engine.convert import convert_released_weights, write_converted
 from rankopt.runtime import keep_allocations
 from rankopt.serve.batcher import default_threads
-from rankopt.serve.metrics import STAGES
+from rankopt.serve.prometheus import STAGES
 from rankopt.search import Embedder, Index
 
 from cited import keep_cited

@@ -66,7 +66,7 @@ from rankopt.fit.tune import (
     trainable_state,
     tune,
 )
-from rankopt.fit.weights import resolve_checkpoint
+from rankopt.engine.weights import resolve_checkpoint
 from rankopt.models.stages import cut
 
 WISE_ALPHAS = (0.25, 0.5, 0.75, 1.25, 1.5)

@@ -19,6 +19,7 @@ SOURCE = REPO / "src" / "rankopt"
 ARCHITECTURE = REPO / "docs" / "ARCHITECTURE.md"
 DRAWING = REPO / "docs" / "imports.svg"
 MAX_LINES = 500
+MAX_FUNCTION_LINES = 100
 """No source file is longer."""
 
 
@@ -127,6 +128,27 @@ def long_files(found: dict[str, Path], limit: int = MAX_LINES) -> dict[str, int]
     counts = {name: len(path.read_text(encoding="utf-8").splitlines()) for name, path in found.items()}
     return {name: n for name, n in counts.items() if n > limit}
 
+
+
+def long_functions(found: dict[str, Path], limit: int = MAX_FUNCTION_LINES) -> dict[str, int]:
+    """``module:function`` (``module:Class.method``) -> its lines (signature, docstring and body), for the
+    functions over ``limit`` lines."""
+    long: dict[str, int] = {}
+    for name, path in found.items():
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        stack: list[tuple[ast.AST, str]] = [(tree, "")]
+        while stack:
+            node, prefix = stack.pop()
+            for child in ast.iter_child_nodes(node):
+                if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                    qualified = prefix + child.name
+                    size = child.end_lineno - child.lineno + 1
+                    if not isinstance(child, ast.ClassDef) and size > limit:
+                        long[f"{name}:{qualified}"] = size
+                    stack.append((child, qualified + "."))
+                else:
+                    stack.append((child, prefix))
+    return long
 
 def draw(found: dict[str, Path], graph: dict[str, set[str]], order: list[list[str]], out: Path = DRAWING) -> None:
     """One band per layer (bottom first), one column block per unit, one dot per file; grey lines for the

@@ -1,5 +1,5 @@
 """The house's shape: no import circle, every import looks down (docs/ARCHITECTURE.md), no other package's private
-module, no file over 500 lines."""
+module, no file over 500 lines, no function over 100."""
 
 from __future__ import annotations
 
@@ -36,6 +36,19 @@ def test_the_finder_sees_circles_and_imports_up(tmp_path: Path):
     assert draw_imports.private_imports(found, graph) == [("rankopt.high.b", "rankopt.low._k")]
 
 
+def test_the_finder_measures_functions_and_methods(tmp_path: Path):
+    package = tmp_path / "rankopt"
+    package.mkdir()
+    (package / "a.py").write_text("class C:\n"
+                                  "    def long(self):\n        x = 1\n        y = 2\n        return x + y\n"
+                                  "    def short(self):\n        return 1\n"
+                                  "def nested():\n    def inner():\n        a = 1\n        b = 2\n        return a + b\n"
+                                  "    return inner\n")
+    found = draw_imports.modules(package)
+    assert draw_imports.long_functions(found, limit=3) == {"rankopt.a:C.long": 4, "rankopt.a:nested": 6,
+                                                          "rankopt.a:nested.inner": 4}
+
+
 def test_every_unit_has_a_layer(house):
     found, _, order = house
     assert draw_imports.unlayered(found, order) == []
@@ -59,3 +72,8 @@ def test_no_private_module_of_another_package(house):
 def test_no_source_file_over_500_lines(house):
     found, _, _ = house
     assert draw_imports.long_files(found) == {}
+
+
+def test_no_function_over_100_lines(house):
+    found, _, _ = house
+    assert draw_imports.long_functions(found) == {}

@@ -1,26 +1,17 @@
-"""Core machinery shared by metrics and losses: registry, validation, labels, relevance, similarity.
-
-References are brute-force loops written here from the definitions (TPAMI Eq. 20, Property 1)."""
+"""The top-level modules shared by metrics and losses: registry, validation, labels, similarity (each against a
+brute-force loop written here)."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 import torch
+from helpers.labels import random_hierarchy
 
 from rankopt.checks import check_embeddings, check_finite_scalar, check_labels
 from rankopt.labels import as_label_matrix, relevance_levels, same_class, self_mask
-from rankopt.rank.relevance import level_counts, ndcg_gains, relevance
 from rankopt.registries import Registry
 from rankopt.similarity import pairwise
-
-
-def random_hierarchy(n: int, rng: np.random.Generator, fine: int = 6, per_coarse: int = 2) -> torch.Tensor:
-    """(N, 3) consistent labels: fine -> middle (fine // per_coarse) -> coarse (middle // per_coarse)."""
-    f = rng.integers(0, fine, size=n)
-    m = f // per_coarse
-    c = m // per_coarse
-    return torch.as_tensor(np.stack([f, m, c], axis=1))
 
 
 def test_registry_build_and_unknown_name():
@@ -74,53 +65,6 @@ def test_relevance_levels_and_self_mask():
     m = self_mask(3, 8, query_offset=4)
     assert m.sum() == 3 and m[0, 4] and m[1, 5] and m[2, 6]
     assert as_label_matrix(torch.tensor([3, 4])).shape == (2, 1)
-
-
-@pytest.mark.parametrize("alpha", [0.5, 1.0, 2.0])
-def test_hap_relevance_matches_eq20(alpha):
-    rng = np.random.default_rng(1)
-    labels = random_hierarchy(20, rng)
-    lv = relevance_levels(labels, labels)
-    valid = ~self_mask(20, 20)
-    rel = relevance(lv, 3, valid, kind="hap", alpha=alpha)
-    for i in range(20):
-        members = [j for j in range(20) if j != i]
-        for j in range(20):
-            level = int(lv[i, j])
-            if j == i or level == 0:
-                assert rel[i, j] == 0
-                continue
-            count = sum(1 for k in members if int(lv[i, k]) == level)
-            assert rel[i, j] == pytest.approx((level / 3) ** alpha / count, rel=1e-12)
-
-
-def test_sum_wap_relevance_matches_property1():
-    rng = np.random.default_rng(2)
-    labels = random_hierarchy(15, rng)
-    lv = relevance_levels(labels, labels)
-    valid = ~self_mask(15, 15)
-    w = [0.5, 0.3, 0.2]
-    rel = relevance(lv, 3, valid, kind="sum_wap", weights=w)
-    counts = level_counts(lv, 3, valid)
-    for i in range(15):
-        for j in range(15):
-            level = int(lv[i, j])
-            if j == i or level == 0:
-                assert rel[i, j] == 0
-                continue
-            expected = sum(w[p - 1] / float(counts[i, p:].sum()) for p in range(1, level + 1))
-            assert rel[i, j] == pytest.approx(expected, rel=1e-12)
-
-
-def test_relevance_errors_and_gains():
-    lv = torch.tensor([[0, 1, 2]])
-    with pytest.raises(ValueError, match="unknown relevance kind"):
-        relevance(lv, 2, kind="nope")
-    with pytest.raises(ValueError, match="sum_wap needs 2"):
-        relevance(lv, 2, kind="sum_wap", weights=[1.0])
-    assert ndcg_gains(lv).tolist() == [[0.0, 1.0, 3.0]]
-    assert ndcg_gains(lv, "linear").tolist() == [[0.0, 1.0, 2.0]]
-    assert ndcg_gains(lv, [0.0, 0.5, 4.0]).tolist() == [[0.0, 0.5, 4.0]]
 
 
 def test_pairwise_similarities():

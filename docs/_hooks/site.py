@@ -50,8 +50,8 @@ API_PACKAGES: dict[str, str] = {
     "rank": "relevance, the step function and its surrogates, SupRank ranks",
     "metrics": "`evaluate()`, metric names, the decomposability gap, verification",
     "data": "dataset loaders (`DATASETS`), your own folders and CSVs, samplers, transforms",
-    "models": "backbones (`BACKBONES`), pooling, `RetrievalNet`, `create_model`",
-    "engine": "the trainer, checkpoints, optimizers, memory (XBM), multistage backprop, distributed",
+    "models": "backbones (`BACKBONES`), pooling, `RetrievalNet`, stages, `create_model`",
+    "engine": "the trainer, checkpoints, optimizers, memory (XBM), multistage backprop, distributed, pretrained weights",
     "postprocess": "whitening, αQE, DBA, multi-scale",
     "search": "`Index`: build, search, edit, save, load",
     "export": "ONNX export with its parity check",
@@ -63,7 +63,7 @@ API_PACKAGES: dict[str, str] = {
 (``src/rankopt/NAME``) gets no page."""
 
 ENGINE_MODULES = ("assembly", "trainer", "checkpoint", "inference", "embed_and_score", "run_writer", "optim",
-                  "memory", "multistage", "distributed", "loggers", "weights")
+                  "memory", "multistage", "distributed", "trackers", "weights")
 """``rankopt.engine`` imports nothing itself: its page documents these submodules."""
 
 _state: dict[str, Any] = {"mirrors": {}, "sources": {}}

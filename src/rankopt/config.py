@@ -217,7 +217,7 @@ class EvalConfig:
 class OutputConfig:
     dir: str | None = None  # None: runs/<name>-<UTC time>
     tensorboard: bool = True  # TensorBoard when installed (an alias of "tensorboard" in loggers, which requires it)
-    # experiment trackers (rankopt.engine.loggers): any of LOGGERS; each one's package is an optional extra
+    # experiment trackers (rankopt.engine.trackers): any of LOGGERS; each one's package is an optional extra
     loggers: list[str] = field(default_factory=list)
     mlflow_uri: str | None = None  # None: $MLFLOW_TRACKING_URI, else file:RUN/mlruns (offline, no server)
     wandb_project: str = "rankopt"  # W&B runs offline (RUN/wandb) unless $WANDB_MODE says otherwise

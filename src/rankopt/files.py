@@ -1,10 +1,11 @@
-"""Files: atomic writes (a reader never sees a half-written file) and safe reading of ``.npy`` arrays."""
+"""Files: atomic writes (a reader never sees a half-written file), safe reading of ``.npy`` arrays, and the check of
+an output folder (never replace a person's data)."""
 
 from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import numpy as np
@@ -77,3 +78,19 @@ def read_npy(path: str | os.PathLike[str], what: str = "array", *, mmap: bool = 
         return np.load(path, allow_pickle=False, mmap_mode="c" if mmap else None)
     except ValueError as err:
         raise ValueError(f"{what} file {str(path)!r} is a damaged .npy file: {err}") from None
+
+
+def replaceable_folder(path: str | os.PathLike[str], *, ours: Callable[[Path], bool], what: str, refusal: str,
+                       error: type[Exception] = ValueError) -> bool:
+    """Whether ``path``, where a command writes its output folder, holds an earlier output of that command
+    (``ours(path)``: it may be replaced); ``False`` when it is absent or an empty folder. A file, or a non-empty
+    folder of anything else (a person's data: never replaced), is an ``error`` naming it: ``"{what} 'PATH' is a
+    file"``, or ``refusal`` (one sentence: what the folder is not, and what to do)."""
+    folder = Path(path)
+    if folder.exists() and not folder.is_dir():
+        raise error(f"{what} {str(folder)!r} is a file; choose a new --out")
+    if not folder.exists() or not any(folder.iterdir()):
+        return False
+    if ours(folder):
+        return True
+    raise error(refusal)

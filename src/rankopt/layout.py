@@ -1,4 +1,13 @@
-"""The files of a ``rankopt fit`` run folder, and the marker of a fit that has not finished.
+"""The file names of every folder rankopt writes, in one place (their formats: ``docs/reference/formats.md``), and
+the marker of a fit that has not finished.
+
+A training or evaluation run folder (``rankopt train``, ``rankopt evaluate --output``): :data:`CONFIG_YAML`,
+:data:`RUN_JSON`, :data:`METRICS_CSV`, :data:`METRICS_JSON`, :data:`STEPS_CSV`, :data:`REPORT_JSON`,
+:data:`RETRIEVAL_NPZ`, :data:`REPORT_HTML`, :data:`FIGURES_DIR`, :data:`CHECKPOINTS_DIR` (:data:`LAST_CKPT`,
+:data:`BEST_CKPT`), :data:`CLASSES_DIR`, :data:`LOGGERS_JSON`. A fit's run folder: :data:`FIT_JSON`,
+:data:`MODEL_CKPT`, :data:`FINE_TUNED_CKPT`, :data:`INDEX_DIR`, :data:`REPORT_HTML`, :data:`FIGURES_DIR`,
+:data:`CLASSES_DIR`, :data:`UNFINISHED`. An index folder: :data:`INDEX_JSON` and its versions' files
+(:mod:`rankopt.search.storage`).
 
 A fit writes ``fit.unfinished.json`` (:func:`write_unfinished`) when it starts and at each stage, and removes it
 when ``fit.json`` is written: a folder holding it (or one killed before its index was written) is not served
@@ -25,6 +34,18 @@ UNFINISHED = "fit.unfinished.json"
 CLASSES_DIR = "classes"
 RUN_JSON = "run.json"
 """A ``rankopt train`` run's record: such a folder is not a fit's."""
+CONFIG_YAML = "config.yaml"
+METRICS_CSV = "metrics.csv"
+METRICS_JSON = "metrics.json"
+STEPS_CSV = "steps.csv"
+REPORT_JSON = "report.json"
+RETRIEVAL_NPZ = "retrieval.npz"
+FIGURES_DIR = "figures"
+CHECKPOINTS_DIR = "checkpoints"
+LAST_CKPT = "last.ckpt"
+BEST_CKPT = "best.ckpt"
+LOGGERS_JSON = "loggers.json"
+INDEX_JSON = "index.json"
 
 
 def restart_command(photos: str, out: str | os.PathLike[str]) -> str:

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from helpers.images import counted_tree
 from PIL import Image
 
 from rankopt.cli.datasets import register
@@ -27,15 +28,6 @@ from rankopt.data.image_folder import (
     read_class_list,
 )
 from rankopt.engine.run_writer import write_class_split
-
-
-def make_tree(root: Path, classes: dict[str, int], suffix: str = ".png") -> Path:
-    """``{class path: number of images}`` -> tiny images ``root/<class path>/<i><suffix>``."""
-    for cls, count in classes.items():
-        (root / cls).mkdir(parents=True, exist_ok=True)
-        for i in range(count):
-            Image.new("RGB", (8, 6), (30 * i % 256, 90, 10)).save(root / cls / f"{i}{suffix}")
-    return root
 
 
 TWO_LEVELS = {f"{top}/{c}": 3 for top in ("a", "b") for c in ("1", "2", "3")}
@@ -55,7 +47,7 @@ def dataset_info(argv: list[str], capsys) -> tuple[int, str]:
 
 # ----------------------------------------------------------------------------- levels and classes
 def test_tree_levels_classes_by_path_and_level_names(tmp_path):
-    root = make_tree(tmp_path, TWO_LEVELS)
+    root = counted_tree(tmp_path, TWO_LEVELS)
     everything = build_dataset("image_folder", root, "all")
     assert len(everything) == 18 and everything.level_names == ("class", "level1")
     assert everything.num_classes(0) == 6 and everything.num_classes(1) == 2  # a/1 and b/1 differ
@@ -69,7 +61,7 @@ def test_tree_levels_classes_by_path_and_level_names(tmp_path):
 
 
 def test_suffixes_hidden_and_other_files(tmp_path):
-    root = make_tree(tmp_path, {"x": 2, "y": 2})
+    root = counted_tree(tmp_path, {"x": 2, "y": 2})
     Image.new("L", (5, 5)).save(root / "x" / "UPPER.PPM")
     Image.new("RGB", (5, 5)).save(root / "y" / "photo.JPG", format="JPEG")
     (root / "x" / ".hidden.png").write_bytes(b"not an image")
@@ -83,7 +75,7 @@ def test_suffixes_hidden_and_other_files(tmp_path):
 
 # ----------------------------------------------------------------------------- class-disjoint split
 def test_drawn_split_is_class_disjoint_deterministic_and_reusable(tmp_path):
-    root = make_tree(tmp_path / "data", TWO_LEVELS)
+    root = counted_tree(tmp_path / "data", TWO_LEVELS)
     train, test = build_dataset("image_folder", root, "train"), build_dataset("image_folder", root, "test")
     assert evaluation_splits("image_folder", root) == ("test",)
     split = train.metadata["class_split"]
@@ -104,7 +96,7 @@ def test_drawn_split_is_class_disjoint_deterministic_and_reusable(tmp_path):
 
 
 def test_split_level_holds_out_whole_top_folders(tmp_path):
-    root = make_tree(tmp_path, {f"{top}/{c}": 2 for top in "abcd" for c in "12"})
+    root = counted_tree(tmp_path, {f"{top}/{c}": 2 for top in "abcd" for c in "12"})
     test = build_dataset("image_folder", root, "test", split_level=-1)
     train = build_dataset("image_folder", root, "train", split_level=-1)
     test_tops, train_tops = ({Path(p).parent.parent.name for p in ds.paths} for ds in (test, train))
@@ -116,7 +108,7 @@ def test_split_level_holds_out_whole_top_folders(tmp_path):
 
 
 def test_class_lists(tmp_path):
-    root = make_tree(tmp_path / "data", TWO_LEVELS)
+    root = counted_tree(tmp_path / "data", TWO_LEVELS)
     train_list = tmp_path / "train.txt"
     train_list.write_text("# my split\na\n\nb/1\n")
     test_list = tmp_path / "test.txt"
@@ -139,25 +131,25 @@ def test_class_lists(tmp_path):
 
 # ----------------------------------------------------------------------------- split folders
 def test_train_test_folders(tmp_path):
-    make_tree(tmp_path / "train", {"cat": 2, "dog": 2})
-    make_tree(tmp_path / "test", {"cow": 2, "owl": 3})
-    make_tree(tmp_path / "validation", {"pig": 2})
+    counted_tree(tmp_path / "train", {"cat": 2, "dog": 2})
+    counted_tree(tmp_path / "test", {"cow": 2, "owl": 3})
+    counted_tree(tmp_path / "validation", {"pig": 2})
     assert evaluation_splits("image_folder", tmp_path) == ("test",)
     assert build_dataset("image_folder", tmp_path, "validation").num_classes() == 1
     assert len(build_dataset("image_folder", tmp_path, "test")) == 5
     assert len(build_dataset("image_folder", tmp_path, "all")) == 11
     with pytest.raises(ValueError, match="only apply to a tree of class folders"):
         build_dataset("image_folder", tmp_path, "train", test_fraction=0.3)
-    make_tree(tmp_path / "test", {"dog": 1})
+    counted_tree(tmp_path / "test", {"dog": 1})
     with pytest.raises(DatasetProblems, match="1 class\\(es\\) in both train/ and test/.*'dog'"):
         build_dataset("image_folder", tmp_path, "train")
     assert len(build_dataset("image_folder", tmp_path, "test", class_disjoint=False)) == 6
 
 
 def test_query_gallery_folders_share_identities(tmp_path):
-    make_tree(tmp_path / "train", {"x/a": 2, "x/b": 2})
-    make_tree(tmp_path / "query", {"y/c": 1, "y/d": 1})
-    make_tree(tmp_path / "gallery", {"y/b": 1, "y/c": 2, "y/d": 3})  # y/b: a distractor sorted first
+    counted_tree(tmp_path / "train", {"x/a": 2, "x/b": 2})
+    counted_tree(tmp_path / "query", {"y/c": 1, "y/d": 1})
+    counted_tree(tmp_path / "gallery", {"y/b": 1, "y/c": 2, "y/d": 3})  # y/b: a distractor sorted first
     assert evaluation_splits("image_folder", tmp_path) == ("query", "gallery")
     query, gallery = (build_dataset("image_folder", tmp_path, s) for s in ("query", "gallery"))
     q = {Path(p).parent.name: int(lab) for p, lab in zip(query.paths, query.labels[:, 0])}
@@ -169,10 +161,10 @@ def test_query_gallery_folders_share_identities(tmp_path):
 def test_problems_are_all_collected(tmp_path):
     with pytest.raises(FileNotFoundError, match="does not exist"):
         build_dataset("image_folder", tmp_path / "nope", "train")
-    flat = make_tree(tmp_path / "flat", {".": 3})
+    flat = counted_tree(tmp_path / "flat", {".": 3})
     with pytest.raises(DatasetProblems, match="no class folders in .*flat"):
         build_dataset("image_folder", flat, "train")
-    root = make_tree(tmp_path / "bad", {"a/1": 2, "a/2": 2, "b": 2})
+    root = counted_tree(tmp_path / "bad", {"a/1": 2, "a/2": 2, "b": 2})
     (root / "a" / "3").mkdir()
     with pytest.raises(DatasetProblems) as err:
         build_dataset("image_folder", root, "train")
@@ -183,7 +175,7 @@ def test_problems_are_all_collected(tmp_path):
 
 
 def test_unreadable_image_raises_when_loaded(tmp_path):
-    root = make_tree(tmp_path, {"a": 2, "b": 2})
+    root = counted_tree(tmp_path, {"a": 2, "b": 2})
     (root / "a" / "broken.jpg").write_bytes(b"no jpeg here")
     ds = build_dataset("image_folder", root, "all")
     with pytest.raises(BadImageError, match="broken.jpg"):
@@ -191,7 +183,7 @@ def test_unreadable_image_raises_when_loaded(tmp_path):
 
 
 def test_dataset_info_lists_every_problem_and_writes_nothing(tmp_path, capsys):
-    root = make_tree(tmp_path, {"a/1": 2, "a/2": 2, "b/1": 2, "b/2": 2})
+    root = counted_tree(tmp_path, {"a/1": 2, "a/2": 2, "b/1": 2, "b/2": 2})
     (root / "a" / "2" / "broken.png").write_bytes(b"garbage")
     (root / "readme.md").write_text("my photos")
     before = snapshot(root)
@@ -217,8 +209,8 @@ def test_dataset_info_lists_every_problem_and_writes_nothing(tmp_path, capsys):
 
 
 def test_dataset_info_counts_classes_that_cannot_be_queries(tmp_path, capsys):
-    make_tree(tmp_path / "train", {"a": 2, "b": 2})
-    make_tree(tmp_path / "test", {"p": 1, "q": 2, "r": 1})
+    counted_tree(tmp_path / "train", {"a": 2, "b": 2})
+    counted_tree(tmp_path / "test", {"p": 1, "q": 2, "r": 1})
     code, out = dataset_info(["image_folder", "--root", str(tmp_path), "--json"], capsys)
     report = json.loads(out)
     assert code == 0 and report["ok"] and report["splits"]["test"]["classes_without_positive"] == 2
@@ -228,7 +220,7 @@ def test_dataset_info_counts_classes_that_cannot_be_queries(tmp_path, capsys):
 
 # ----------------------------------------------------------------------------- images without a dataset
 def test_image_files_and_unlabelled_dataset(tmp_path):
-    root = make_tree(tmp_path / "photos", {"b": 2, "a/x": 1})
+    root = counted_tree(tmp_path / "photos", {"b": 2, "a/x": 1})
     Image.new("RGB", (4, 4)).save(root / "loose.png")
     single = tmp_path / "query.webp"
     Image.new("RGB", (4, 4)).save(single)
@@ -244,12 +236,12 @@ def test_image_files_and_unlabelled_dataset(tmp_path):
 
 
 def test_folder_dataset_labels_a_class_tree(tmp_path):
-    root = make_tree(tmp_path, {"a/1": 2, "b/1": 1})
+    root = counted_tree(tmp_path, {"a/1": 2, "b/1": 1})
     Image.new("RGB", (4, 4)).save(root / "loose.png")
     ds = folder_dataset(root)
     labels = dict(zip((Path(p).relative_to(root).as_posix() for p in ds.paths), ds.labels.tolist()))
     assert labels == {"a/1/0.png": [0, 0], "a/1/1.png": [0, 0], "b/1/0.png": [1, 1], "loose.png": [-1, -1]}
-    make_tree(root, {"c": 1})
+    counted_tree(root, {"c": 1})
     with pytest.warns(UserWarning, match="own folder only .* different folder depths"):
         mixed = folder_dataset(root)
     assert mixed.labels[:, 0].tolist() == [0, 0, 1, 2, -1] and mixed.level_names == ("class",)
@@ -273,7 +265,7 @@ def test_omniglot_alphabets_as_a_folder_tree(omniglot, tmp_path):
 def test_train_on_a_folder_tree(tmp_path, capsys):
     from rankopt.cli import main
 
-    root = make_tree(tmp_path / "photos", {f"{top}/{c}": 4 for top in ("a", "b") for c in "1234"})
+    root = counted_tree(tmp_path / "photos", {f"{top}/{c}": 4 for top in ("a", "b") for c in "1234"})
     run = tmp_path / "run"
     args = ["train", "image_folder", f"data.root={root}", "model.backbone=convnet_tiny", "model.embedding_dim=16",
             "data.image_size=16", "data.num_workers=0", "train.epochs=1", "train.max_steps_per_epoch=2",
@@ -297,7 +289,7 @@ def test_train_on_a_folder_tree(tmp_path, capsys):
 def test_label_names_give_each_id_its_class_folder_also_after_carving(tmp_path):
     from rankopt.data.splits import carve_validation
 
-    root = make_tree(tmp_path, TWO_LEVELS)
+    root = counted_tree(tmp_path, TWO_LEVELS)
     dataset = build_dataset("image_folder", root, "all")
 
     def check(ds):

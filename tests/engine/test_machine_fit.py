@@ -11,37 +11,25 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
-from PIL import Image
+from helpers.checkpoints import write_checkpoint
+from helpers.images import photo_tree
 from torch import nn
 
 from rankopt import runtime
 from rankopt.cli import main
-from rankopt.config import EvalConfig, config_to_dict, load_config
+from rankopt.config import EvalConfig, load_config
 from rankopt.data import build_dataset
 from rankopt.data.transforms import build_transform
 from rankopt.engine import embed_and_score, trainer
 from rankopt.engine.assembly import build_model
-from rankopt.engine.checkpoint import save_checkpoint
-from rankopt.engine.logging import progress
+from rankopt.console import progress
 
 TINY = ["model.backbone=convnet_tiny", "model.embedding_dim=16", "data.image_size=16"]
 
 
-def photo_tree(root: Path, classes: int = 4, per_class: int = 3) -> Path:
-    """``root/c<k>/<i>.jpg``: one label level, Pillow-written JPEGs."""
-    for c in range(classes):
-        (root / f"c{c}").mkdir(parents=True)
-        for i in range(per_class):
-            Image.new("RGB", (20, 16), (60 * c % 256, 40 * i % 256, 90)).save(root / f"c{c}" / f"{i}.jpg")
-    return root
-
-
 @pytest.fixture
 def checkpoint(tmp_path) -> Path:
-    torch.manual_seed(0)
-    cfg = load_config(None, TINY)
-    return save_checkpoint(tmp_path / "model.ckpt", {"model": build_model(cfg).state_dict(),
-                                                      "config": config_to_dict(cfg)})
+    return write_checkpoint(tmp_path / "model.ckpt", TINY)
 
 
 @pytest.fixture
@@ -236,9 +224,9 @@ def test_progress_keeps_the_live_bar_on_a_terminal(monkeypatch):
 
 
 def test_embedding_logs_progress_lines_to_a_captured_stream(monkeypatch, capsys, tmp_path):
-    from rankopt.engine import logging
+    from rankopt import console
 
-    monkeypatch.setattr(logging, "PROGRESS_EVERY", 0.0)
+    monkeypatch.setattr(console, "PROGRESS_EVERY", 0.0)
     torch.manual_seed(0)
     model = build_model(load_config(None, TINY))
     dataset = build_dataset("image_folder", photo_tree(tmp_path / "photos"), "all",

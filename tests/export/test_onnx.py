@@ -21,7 +21,8 @@ pytest.importorskip("onnxruntime")
 pytest.importorskip("onnxscript")
 onnx = pytest.importorskip("onnx")
 
-from search.conftest import make_tree, write_checkpoint  # noqa: E402 - after the optional imports
+from helpers.checkpoints import write_checkpoint  # noqa: E402 - after the optional imports
+from helpers.images import class_tree  # noqa: E402 - after the optional imports
 
 from rankopt.cli import main  # noqa: E402
 from rankopt.data import build_dataset  # noqa: E402
@@ -38,7 +39,7 @@ from rankopt.search import Embedder, Index  # noqa: E402
 
 @pytest.fixture
 def tree(tmp_path: Path) -> Path:
-    return make_tree(tmp_path / "gallery")
+    return class_tree(tmp_path / "gallery")
 
 
 @pytest.fixture

@@ -16,7 +16,8 @@ import torch
 pytest.importorskip("onnxruntime")
 pytest.importorskip("onnxscript")
 
-from search.conftest import make_tree, write_checkpoint  # noqa: E402 - after the optional imports
+from helpers.checkpoints import write_checkpoint  # noqa: E402 - after the optional imports
+from helpers.images import class_tree  # noqa: E402 - after the optional imports
 
 from .test_onnx import _real  # noqa: E402
 
@@ -162,7 +163,7 @@ def cache(tmp_path, monkeypatch) -> Path:
 
 
 def test_an_index_built_on_onnxruntime_answers_queries_embedded_by_pytorch(tmp_path, cache):
-    tree = make_tree(tmp_path / "gallery")
+    tree = class_tree(tmp_path / "gallery")
     checkpoint = write_checkpoint(tmp_path / "model.ckpt", ["model.pooling=gem"])
     fast = Embedder.from_checkpoint(checkpoint, device="cpu", runtime="onnx", progress=False)
     slow = Embedder.from_checkpoint(checkpoint, device="cpu", runtime="torch", progress=False)
@@ -178,7 +179,7 @@ def test_an_index_built_on_onnxruntime_answers_queries_embedded_by_pytorch(tmp_p
 
 
 def test_multiscale_and_whitening_embed_on_onnxruntime(tmp_path, cache):
-    tree = make_tree(tmp_path / "gallery")
+    tree = class_tree(tmp_path / "gallery")
     checkpoint = write_checkpoint(tmp_path / "model.ckpt", ["model.pooling=gem"])
     post = PostProcessing(scales=(1.0, 0.75))
     fast = Embedder.from_checkpoint(checkpoint, device="cpu", runtime="onnx", progress=False).with_postprocessing(post)
@@ -192,11 +193,12 @@ def test_the_service_names_its_runtime_in_health(tmp_path, cache):
     pytest.importorskip("fastapi")
     from fastapi.testclient import TestClient
 
-    from rankopt.serve.app import Settings, create_app
-    from rankopt.serve.guard import HostRule
+    from rankopt.serve.app import create_app
+    from rankopt.serve.settings import Settings
+    from rankopt.serve.settings import HostRule
     from rankopt.serve.holder import IndexHolder
 
-    tree = make_tree(tmp_path / "gallery")
+    tree = class_tree(tmp_path / "gallery")
     checkpoint = write_checkpoint(tmp_path / "model.ckpt", ["model.pooling=gem"])
     Index.build(checkpoint, tree, progress=False, runtime="torch").save(tmp_path / "idx")
     settings = Settings(reload_every_s=0, token="secret", hosts=HostRule("127.0.0.1", ("testserver",)))
@@ -231,7 +233,7 @@ def test_fit_trunk_outputs_on_onnxruntime_equal_pytorchs(tmp_path, cache):
     net = create_model("mobilenet_v2", pooling="gem", embedding_dim=16).eval()
     trunk, _ = cut(net, 10)
     preprocessing = {"transform": "test", "image_size": 64}
-    dataset = folder_dataset(make_tree(tmp_path / "photos"), build_transform("test", 64))
+    dataset = folder_dataset(class_tree(tmp_path / "photos"), build_transform("test", 64))
     fast_net, fast_trunk, runtime = frozen_forwards(net, trunk, preprocessing, "onnx", torch.device("cpu"),
                                                     lambda _: None)
     assert runtime.name == "onnxruntime" and isinstance(fast_trunk, OnnxNet)

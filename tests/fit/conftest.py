@@ -1,3 +1,3 @@
 """Fixtures of the fit tests: the headless-chromium screenshot of a page, shared with the report tests."""
 
-from report.conftest import render_page  # noqa: F401 - fixture
+from helpers.pages import render_page  # noqa: F401 - fixture

@@ -176,7 +176,7 @@ def test_the_run_folder_is_searched_changed_and_served_as_an_index(fitted, tmp_p
 
 
 def test_the_report_page_reads_and_shows_the_before_and_after(fitted, render_page):
-    from report.conftest import screenshot_stats
+    from helpers.pages import screenshot_stats
 
     _, run, _, _ = fitted
     colours, spread = screenshot_stats(render_page(run / "report.html"))
@@ -258,7 +258,7 @@ def test_a_moved_run_folder_is_served(fitted, tmp_path):
         from fastapi.testclient import TestClient
 
         from rankopt.serve import IndexHolder, Settings, create_app
-        from rankopt.serve.guard import HostRule
+        from rankopt.serve.settings import HostRule
 
         settings = Settings(reload_every_s=0, hosts=HostRule(allowed=("testserver",)))
         with TestClient(create_app(IndexHolder(moved, device="cpu"), settings)) as client:

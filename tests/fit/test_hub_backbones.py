@@ -22,9 +22,8 @@ from rankopt.cli import main
 from rankopt.data.transforms import build_transform, output_size
 from rankopt.engine.assembly import model_from_checkpoint
 from rankopt.engine.checkpoint import load_checkpoint
-from rankopt.engine.weights import hub_checkpoint
+from rankopt.engine.weights import hub_checkpoint, resolve_checkpoint
 from rankopt.fit import FitSettings, fit
-from rankopt.fit.weights import resolve_checkpoint
 from rankopt.models.backbones import build_backbone
 from rankopt.models.stages import cut
 

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from search.conftest import make_tree
+from helpers.images import class_tree
 
 from rankopt.data.image_folder import folder_dataset
 from rankopt.data.transforms import build_transform
@@ -28,7 +28,7 @@ def test_a_spilled_trunk_cache_holds_the_values_of_the_one_in_memory(tmp_path):
     torch.manual_seed(0)
     net = create_model("mobilenet_v2", pooling="gem", embedding_dim=16).eval()
     trunk, _ = cut(net, 10)
-    dataset = folder_dataset(make_tree(tmp_path / "photos"), build_transform("test", 64))
+    dataset = folder_dataset(class_tree(tmp_path / "photos"), build_transform("test", 64))
     kw = {"device": torch.device("cpu"), "batch_size": 5}
     in_memory, shape = trunk_outputs(trunk, dataset, **kw)
     spilled, same = trunk_outputs(trunk, dataset, out=tmp_path / "trunk.npy", **kw)

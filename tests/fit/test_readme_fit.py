@@ -15,7 +15,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from serve.conftest import free_port
+from helpers.servers import free_port
 
 from .test_fit import CLASSES, PER_CLASS, photo_folder
 

@@ -12,7 +12,7 @@ import torch
 from rankopt.data import build_dataset
 from rankopt.search import Embedder, Index
 
-from .conftest import draw
+from helpers.images import draw
 from .test_index import brute_force
 
 BACKENDS = [None, "Flat", "HNSW16"]

@@ -7,7 +7,7 @@ import json
 from rankopt.cli import main
 from rankopt.search import Index
 
-from .conftest import draw
+from helpers.images import draw
 
 
 def test_index_metadata_filter_and_changes(tmp_path, checkpoint, tree, queries, capsys):

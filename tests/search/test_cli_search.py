@@ -11,7 +11,7 @@ import pytest
 from rankopt.cli import main
 from rankopt.report.html import check_page
 
-from .conftest import write_checkpoint
+from helpers.checkpoints import write_checkpoint
 
 
 @pytest.fixture

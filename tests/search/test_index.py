@@ -12,7 +12,8 @@ import torch
 from rankopt.models import create_model
 from rankopt.search import Embedder, Index
 
-from .conftest import CLASSES, IMAGES_PER_CLASS, write_checkpoint
+from helpers.checkpoints import write_checkpoint
+from helpers.images import CLASSES, IMAGES_PER_CLASS
 
 
 def brute_force(queries: torch.Tensor, gallery: torch.Tensor, k: int, kind: str) -> tuple[np.ndarray, np.ndarray]:
@@ -156,7 +157,7 @@ def test_a_module_needs_its_preprocessing(tree):
 
 
 def test_adding_images_merges_class_names(checkpoint, tree, tmp_path):
-    from .conftest import draw
+    from helpers.images import draw
 
     index = Index.build(checkpoint, tree / "beta", progress=False, device="cpu")
     assert index.label_names == [["four", "three"]]

@@ -16,7 +16,8 @@ from rankopt import layout
 from rankopt.cli import main
 from rankopt.search import Index, storage
 
-from .conftest import CLASSES, draw, make_tree, write_checkpoint
+from helpers.checkpoints import write_checkpoint
+from helpers.images import CLASSES, class_tree, draw
 
 
 @pytest.fixture(scope="module")
@@ -26,7 +27,7 @@ def run_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("portable")
     run = root / "run"
     checkpoint = write_checkpoint(run / layout.MODEL_CKPT)
-    Index.build(checkpoint, make_tree(root / "gallery"), device="cpu", progress=False).save(run / layout.INDEX_DIR)
+    Index.build(checkpoint, class_tree(root / "gallery"), device="cpu", progress=False).save(run / layout.INDEX_DIR)
     (run / layout.FIT_JSON).write_text("{}\n")
     (run / layout.REPORT_HTML).write_text("<html></html>\n")
     draw(root / "queries" / "alpha" / "one" / "q.png", CLASSES["alpha/one"], 99)
@@ -68,7 +69,7 @@ def test_a_moved_run_is_served(run: Path, run_folder: Path, tmp_path: Path):
     from fastapi.testclient import TestClient
 
     from rankopt.serve import IndexHolder, Settings, create_app
-    from rankopt.serve.guard import HostRule
+    from rankopt.serve.settings import HostRule
 
     moved = Path(shutil.move(run, tmp_path / "served"))
     settings = Settings(reload_every_s=0, hosts=HostRule(allowed=("testserver",)))

@@ -21,7 +21,8 @@ from rankopt.postprocess import (
 )
 from rankopt.search import Embedder, Index
 
-from .conftest import draw, write_checkpoint
+from helpers.checkpoints import write_checkpoint
+from helpers.images import draw
 
 SCALES = (1.0, 0.5)
 

@@ -4,17 +4,13 @@ images, an in-process client, and the real ``rankopt serve`` process on a free p
 from __future__ import annotations
 
 import contextlib
-import io
-import os
-import socket
-import subprocess
-import sys
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from search.conftest import CLASSES, draw, make_tree, write_checkpoint
+from helpers.checkpoints import write_checkpoint
+from helpers.images import CLASSES, class_tree, draw
+from helpers.servers import running_server
 
 from rankopt.cli import main
 from rankopt.search import Index
@@ -25,7 +21,7 @@ pytest.importorskip("httpx", reason="the service tests need httpx (the test extr
 from fastapi.testclient import TestClient  # noqa: E402 - after the skip
 
 from rankopt.serve import IndexHolder, Settings, create_app  # noqa: E402
-from rankopt.serve.guard import HostRule  # noqa: E402
+from rankopt.serve.settings import HostRule  # noqa: E402
 
 
 TEST_HOSTS = HostRule(allowed=("testserver",))
@@ -37,7 +33,7 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A folder with ``idx/`` (the index of ``gallery/``), ``model.ckpt`` and ``queries/``."""
     root = tmp_path_factory.mktemp("served")
     checkpoint = write_checkpoint(root / "model.ckpt")
-    gallery = make_tree(root / "gallery")
+    gallery = class_tree(root / "gallery")
     rows = [f"{p.relative_to(root).as_posix()},{'north' if i % 2 else 'south'},{10 * i}"
             for i, p in enumerate(sorted(gallery.rglob("*.png")))]
     (root / "shops.csv").write_text("path,shop,price\n" + "\n".join(rows) + "\n")
@@ -83,52 +79,8 @@ def client(make_client: Callable[..., TestClient]) -> TestClient:
     return make_client()
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-@contextlib.contextmanager
-def running_server(index: Path, *options: str) -> Iterator[str]:
-    """``rankopt serve INDEX OPTIONS`` as its own process on a free loopback port; its base URL."""
-    import httpx
-
-    port = free_port()
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    log = open(index.parent / f"server-{port}.log", "w+b")  # noqa: SIM115 - kept open for the process's life
-    process = subprocess.Popen([sys.executable, "-m", "rankopt", "serve", str(index), "--port", str(port),
-                                "--device", "cpu", *options], stdout=log, stderr=subprocess.STDOUT, env=env)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 600
-        while True:
-            if process.poll() is not None:
-                log.seek(0)
-                raise AssertionError(f"rankopt serve exited with {process.returncode}:\n{log.read().decode()}")
-            with contextlib.suppress(httpx.TransportError):
-                if httpx.get(f"{url}/health", timeout=2).status_code == 200:
-                    break
-            assert time.monotonic() < deadline, "rankopt serve did not answer /health within 600 s (a busy machine?)"
-            time.sleep(0.2)
-        yield url
-    finally:
-        process.terminate()
-        process.wait(timeout=30)
-        log.close()
-
-
 @pytest.fixture(scope="session")
 def live_server(served: Path) -> Iterator[str]:
     """``rankopt serve`` started as its own process on a free loopback port; its base URL."""
     with running_server(served / "idx") as url:
         yield url
-
-
-def image_bytes(colour: tuple[int, int, int], fmt: str = "PNG", size: int = 40) -> bytes:
-    """A small image of one ``colour`` in format ``fmt``."""
-    from PIL import Image
-
-    buffer = io.BytesIO()
-    Image.new("RGB", (size, size), colour).save(buffer, format=fmt)
-    return buffer.getvalue()

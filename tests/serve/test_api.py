@@ -16,7 +16,7 @@ from PIL import Image
 from rankopt.cli import main
 from rankopt.search import Index
 
-from .conftest import image_bytes
+from helpers.images import image_bytes
 
 
 def upload(client, data: bytes, *, name: str = "q.png", k: int | None = 5, headers=None, fields=None):

@@ -24,7 +24,8 @@ from rankopt.client import (
 )
 from rankopt.search import Index
 
-from .conftest import free_port, image_bytes, running_server
+from helpers.images import image_bytes
+from helpers.servers import free_port, running_server
 
 
 @pytest.fixture(scope="module")

@@ -14,9 +14,9 @@ import pytest
 import torch
 
 from rankopt.search import Index
-from rankopt.serve.guard import HostRule, host_name
+from rankopt.serve.settings import HostRule, host_name
 from rankopt.serve.limits import Limits
-from rankopt.serve.metrics import OTHER
+from rankopt.serve.prometheus import OTHER
 
 from .test_api import PNG, upload
 
@@ -339,7 +339,7 @@ def test_a_slow_client_is_cut_off(served):
 
     import httpx
 
-    from .conftest import running_server
+    from helpers.servers import running_server
 
     with running_server(served / "idx", "--request-timeout", "1.5") as url:
         port = int(url.rsplit(":", 1)[1])

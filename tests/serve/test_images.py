@@ -21,7 +21,8 @@ from rankopt.data.decode import decode_image
 from rankopt.data.image_files import to_rgb
 from rankopt.serve import images
 from rankopt.serve.images import CHECKABLE_FORMATS, check_formats, decode_upload
-from rankopt.serve.limits import DEFAULT_FORMATS, ApiError, Limits
+from rankopt.serve.errors import ApiError
+from rankopt.serve.limits import DEFAULT_FORMATS, Limits
 
 from .test_api import upload
 

@@ -8,7 +8,7 @@ import shutil
 import time
 
 import pytest
-from report.conftest import screenshot_stats
+from helpers.pages import screenshot_stats
 
 from .test_api import cli_records
 

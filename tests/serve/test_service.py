@@ -10,14 +10,16 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
-from search.conftest import write_checkpoint
+from helpers.checkpoints import write_checkpoint
 
 from rankopt.cli import main
 from rankopt.search import Index
 from rankopt.serve import IndexHolder
 from rankopt.serve.server import check_host
 
-from .conftest import TEST_HOSTS, image_bytes
+from helpers.images import image_bytes
+
+from .conftest import TEST_HOSTS
 from .test_api import PNG, assert_same_results, cli_records, upload
 
 SAMPLE = re.compile(r'^([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{((?:[a-zA-Z_]\w*="(?:[^"\\]|\\.)*",?)*)\})? (\S+)$')
@@ -122,7 +124,7 @@ def cli_ids(answer) -> list[str]:
 
 def test_a_failing_transform_fails_its_own_request_only(make_client, monkeypatch):
     from rankopt.serve.holder import Snapshot
-    from rankopt.serve.limits import ApiError
+    from rankopt.serve.errors import ApiError
 
     transform = Snapshot.transform
 

@@ -5,8 +5,9 @@ and ``whiten`` load a checkpoint with its data through :func:`load_from_args`.""
 from __future__ import annotations
 
 import argparse
-from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
+
+from rankopt.cli._threads import TORCH_THREADS, add_runtime_argument, add_threads_argument, apply_threads
 
 if TYPE_CHECKING:
     from rankopt.engine.inference import Inference
@@ -20,38 +21,6 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
                         help="embed with this ONNX export (rankopt export) through onnxruntime instead of a "
                              "checkpoint (same fingerprint as its checkpoint)")
     add_runtime_argument(parser)
-
-
-def add_runtime_argument(parser: argparse.ArgumentParser) -> None:
-    """``--runtime auto|torch|onnx`` (:mod:`rankopt.export.runtimes`)."""
-    parser.add_argument("--runtime", choices=("auto", "torch", "onnx"), default=None,
-                        help="what runs the network's forward: onnx (onnxruntime, the model exported once and "
-                             "checked against PyTorch, cached), torch, or auto: onnxruntime on a CPU where it is "
-                             "installed and keeps parity, else PyTorch (default: $RANKOPT_RUNTIME, else auto)")
-
-
-TORCH_THREADS = "torch's, one per core"
-
-
-def threads_count(text: str) -> int:
-    """``--threads``' value: an integer >= 1 (argparse type)."""
-    if not text.isdigit() or int(text) < 1:
-        raise argparse.ArgumentTypeError(f"expected a number of threads >= 1, got {text!r}")
-    return int(text)
-
-
-def add_threads_argument(parser: argparse.ArgumentParser, default: str = TORCH_THREADS) -> None:
-    """``--threads N``: torch's intra-op threads (:func:`apply_threads`)."""
-    parser.add_argument("--threads", type=threads_count, metavar="N",
-                        help=f"torch's intra-op threads for this command (default: {default})")
-
-
-def apply_threads(args: argparse.Namespace) -> None:
-    """``torch.set_num_threads(--threads)`` for the calling thread's torch operations, when given."""
-    if args.threads is not None:
-        import torch
-
-        torch.set_num_threads(args.threads)
 
 
 def embedder_from_args(args: argparse.Namespace, **options: Any) -> Any:
@@ -117,33 +86,6 @@ def add_model_data_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-progress", action="store_true", help="hide progress bars")
     add_runtime_argument(parser)
     add_threads_argument(parser)
-
-
-def check_output(path: str | None, what: str, *, folder: bool = False, inputs: Sequence[str | None] = ()) -> None:
-    """Refuse an output ``path`` (named ``what``, e.g. ``--json``) that could not be written, before any work: a
-    file that is an existing folder (or, with ``folder``, a folder that is an existing file), one of the
-    ``inputs`` (the checkpoint, ...), or a place whose nearest existing folder is not writable. ``None``: no
-    output."""
-    import os
-    from pathlib import Path
-
-    if path is None:
-        return
-    target = Path(path).expanduser().resolve()
-    if not folder and target.is_dir():
-        raise ValueError(f"{what} {path}: is a folder; give a file name")
-    if folder and target.exists() and not target.is_dir():
-        raise ValueError(f"{what} {path}: is a file; give a folder")
-    for given in inputs:
-        if given is not None and Path(given).expanduser().resolve() == target:
-            raise ValueError(f"{what} {path}: would overwrite an input of this command")
-    parent = target if folder else target.parent
-    while not parent.exists():
-        parent = parent.parent
-    if not parent.is_dir():
-        raise ValueError(f"{what} {path}: {parent} is a file, not a folder")
-    if not os.access(parent, os.W_OK | os.X_OK):
-        raise ValueError(f"{what} {path}: folder {parent} is not writable")
 
 
 def load_from_args(args: argparse.Namespace, splits: list[str] | None) -> Inference:

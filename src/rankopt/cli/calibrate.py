@@ -16,7 +16,8 @@ import argparse
 from typing import Any
 
 from rankopt.cli.index import add_source_arguments
-from rankopt.cli._model import add_index_model_options, check_output, index_embedder
+from rankopt.cli._model import add_index_model_options, index_embedder
+from rankopt.cli._outputs import check_output
 
 
 def register(subparsers: Any) -> None:

@@ -15,7 +15,8 @@ from pathlib import Path
 from typing import Any
 
 from rankopt.cli._postprocess import add_postprocess_arguments
-from rankopt.cli._model import add_model_data_arguments, check_output
+from rankopt.cli._model import add_model_data_arguments
+from rankopt.cli._outputs import check_output
 
 
 def register(subparsers: Any) -> None:

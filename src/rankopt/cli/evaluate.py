@@ -6,7 +6,8 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from rankopt.cli._model import add_model_data_arguments, check_output, load_from_args, runtime_network
+from rankopt.cli._model import add_model_data_arguments, load_from_args, runtime_network
+from rankopt.cli._outputs import check_output
 from rankopt.cli._postprocess import add_postprocess_arguments
 
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from rankopt.cli._model import add_runtime_argument, add_threads_argument, apply_threads
+from rankopt.cli._threads import add_runtime_argument, add_threads_argument, apply_threads
+from rankopt.fit.settings import QUERIES, FitSettings
 
 
 def register(subparsers: Any) -> None:
@@ -17,24 +18,29 @@ def register(subparsers: Any) -> None:
                     "pretrained features there), and index every photo: RUN/index, RUN/report.html, RUN/fit.json. "
                     "Then: rankopt serve RUN.")
     parser.add_argument("photos", metavar="PHOTOS", help="a folder of class folders, or an OML-format .csv")
+    defaults = FitSettings()
     parser.add_argument("--out", required=True, metavar="RUN", help="the run folder to create (new, or --overwrite)")
-    parser.add_argument("--minutes", type=float, default=10.0, metavar="M",
-                        help="time budget of the whole command (default 10)")
-    parser.add_argument("--backbone", default="mobilenet_v2", metavar="NAME",
+    parser.add_argument("--minutes", type=float, default=defaults.minutes, metavar="M",
+                        help=f"time budget of the whole command (default {defaults.minutes:g})")
+    parser.add_argument("--backbone", default=defaults.backbone, metavar="NAME",
                         help="pretrained release by name, fetched once into rankopt's cache (rankopt weights list; "
-                             "default mobilenet_v2), or a timm CNN, timm:NAME (timm and its hub, or --weights with "
+                             f"default {defaults.backbone}), or a timm CNN, timm:NAME (timm and its hub, or --weights with "
                              "a same-architecture file)")
     parser.add_argument("--weights", metavar="FILE", help="start from this file instead: a rankopt checkpoint, or "
                                                           "the release file of --backbone (its sha256 is checked)")
-    parser.add_argument("--seed", type=int, default=0, help="validation classes and training order (0)")
-    parser.add_argument("--device", default="auto", help="cpu, cuda, cuda:1, ... (default: auto)")
-    parser.add_argument("--validation-fraction", type=float, default=0.2, metavar="F",
+    parser.add_argument("--seed", type=int, default=defaults.seed,
+                        help=f"validation classes and training order ({defaults.seed})")
+    parser.add_argument("--device", default=defaults.device,
+                        help=f"cpu, cuda, cuda:1, ... (default: {defaults.device})")
+    parser.add_argument("--validation-fraction", type=float, default=defaults.validation_fraction, metavar="F",
                         help="share of each class's photos kept back as new photos of known classes, and of the "
-                             "classes held out whole as new classes where there are 10 or more (0.2)")
-    parser.add_argument("--queries", choices=("known", "new", "both"), default="both",
+                             "classes held out whole as new classes where there are 10 or more "
+                             f"({defaults.validation_fraction:g})")
+    parser.add_argument("--queries", choices=QUERIES, default=defaults.queries,
                         help="the searches the index will answer, which choose what is served: known = new photos of "
-                             "the classes in PHOTOS, new = photos of other classes, both (default) = the best on "
-                             "known among those no worse than the pretrained features on new")
+                             "the classes in PHOTOS, new = photos of other classes, both = the best on "
+                             "known among those no worse than the pretrained features on new "
+                             f"(default {defaults.queries})")
     parser.add_argument("--overwrite", action="store_true",
                         help="replace RUN when it holds a fit (finished or stopped part-way); never another folder")
     parser.add_argument("--no-dba", dest="dba", action="store_false",

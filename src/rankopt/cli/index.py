@@ -19,7 +19,8 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from rankopt.cli._model import add_model_arguments, add_threads_argument
+from rankopt.cli._model import add_model_arguments
+from rankopt.cli._threads import add_threads_argument
 from rankopt.cli._postprocess import add_postprocess_arguments
 
 

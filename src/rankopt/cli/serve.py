@@ -17,6 +17,8 @@ from collections.abc import Callable
 from typing import Any
 
 from rankopt.cli._model import add_index_argument, add_index_model_options
+from rankopt.serve.limits import Limits
+from rankopt.serve.settings import HostRule, Settings
 
 TOKEN_ENV = "RANKOPT_SERVE_TOKEN"
 
@@ -45,8 +47,11 @@ def register(subparsers: Any) -> None:
                     "model's fingerprint); GET /items/ID, /thumbnails/ID, /health, /metrics; the search page at /. "
                     "From Python: rankopt.client.SearchClient.")
     add_index_argument(parser)
-    parser.add_argument("--host", default="127.0.0.1", help="interface to bind (127.0.0.1; others need --token)")
-    parser.add_argument("--port", type=bounded(int, 1, 65535), default=8080, help="port, 1-65535 (8080)")
+    service, limits = Settings(), Limits()
+    parser.add_argument("--host", default=service.hosts.bound,
+                        help=f"interface to bind ({service.hosts.bound}; others need --token)")
+    parser.add_argument("--port", type=bounded(int, 1, 65535), default=service.port,
+                        help=f"port, 1-65535 ({service.port})")
     parser.add_argument("--allow-host", action="append", default=[], metavar="NAME",
                         help="also answer requests whose Host header is NAME (repeatable; by default only the bound "
                              "address, localhost and the loopback addresses: a page elsewhere cannot rebind its "
@@ -55,26 +60,30 @@ def register(subparsers: Any) -> None:
                         help=f"bearer token every API request must send (default: ${TOKEN_ENV})")
     add_index_model_options(parser, batches=False, threads_default="1, steady when other processes share the cores; "
                                                                    "up to one per core on a machine of its own")
-    parser.add_argument("--max-upload-mb", type=bounded(float, 1e-3), default=20.0, metavar="MB",
-                        help="request body limit (20)")
-    parser.add_argument("--max-pixels", type=bounded(int, 1), default=50_000_000, metavar="N",
-                        help="largest image width x height accepted (50000000)")
-    parser.add_argument("--max-k", type=bounded(int, 1), default=1000, metavar="K",
-                        help="largest k a query may ask (1000)")
-    parser.add_argument("--max-images", type=bounded(int, 1), default=64, metavar="N",
-                        help="images one POST /embed may send (64)")
+    upload_mb = limits.max_upload_bytes / 2**20
+    parser.add_argument("--max-upload-mb", type=bounded(float, 1e-3), default=upload_mb, metavar="MB",
+                        help=f"request body limit ({upload_mb:g})")
+    parser.add_argument("--max-pixels", type=bounded(int, 1), default=limits.max_pixels, metavar="N",
+                        help=f"largest image width x height accepted ({limits.max_pixels})")
+    parser.add_argument("--max-k", type=bounded(int, 1), default=limits.max_k, metavar="K",
+                        help=f"largest k a query may ask ({limits.max_k})")
+    parser.add_argument("--max-images", type=bounded(int, 1), default=limits.max_images, metavar="N",
+                        help=f"images one POST /embed may send ({limits.max_images})")
     parser.add_argument("--formats", metavar="F,F,...",
-                        help="image formats accepted, Pillow's names (default: JPEG,PNG,WEBP,GIF,BMP,TIFF)")
-    parser.add_argument("--max-batch", type=bounded(int, 1), default=32, metavar="B",
-                        help="images per forward pass (32)")
-    parser.add_argument("--batch-wait-ms", type=bounded(float, 0), default=2.0, metavar="MS",
-                        help="how long a forward waits for uploads still being decoded, once one image is queued (2)")
-    parser.add_argument("--reload-every", type=bounded(float, 0), default=1.0, metavar="S",
-                        help="seconds between checks of the index folder for changes (1; 0: never)")
-    parser.add_argument("--request-timeout", type=bounded(float, 1e-3), default=30.0, metavar="S",
-                        help="a request must arrive whole within S seconds, else its connection is closed (30)")
-    parser.add_argument("--max-connections", type=bounded(int, 1), default=512, metavar="N",
-                        help="open connections at most; more are answered 503 (512)")
+                        help=f"image formats accepted, Pillow's names (default: {','.join(limits.formats)})")
+    parser.add_argument("--max-batch", type=bounded(int, 1), default=service.max_batch, metavar="B",
+                        help=f"images per forward pass ({service.max_batch})")
+    parser.add_argument("--batch-wait-ms", type=bounded(float, 0), default=service.max_wait_ms, metavar="MS",
+                        help="how long a forward waits for uploads still being decoded, once one image is queued "
+                             f"({service.max_wait_ms:g})")
+    parser.add_argument("--reload-every", type=bounded(float, 0), default=service.reload_every_s, metavar="S",
+                        help=f"seconds between checks of the index folder for changes ({service.reload_every_s:g}; "
+                             "0: never)")
+    parser.add_argument("--request-timeout", type=bounded(float, 1e-3), default=service.request_timeout_s,
+                        metavar="S", help="a request must arrive whole within S seconds, else its connection is "
+                                          f"closed ({service.request_timeout_s:g})")
+    parser.add_argument("--max-connections", type=bounded(int, 1), default=service.max_connections, metavar="N",
+                        help=f"open connections at most; more are answered 503 ({service.max_connections})")
     parser.add_argument("--cors", action="append", default=[], metavar="ORIGIN",
                         help="allow this origin by CORS (repeatable; default: CORS off)")
     parser.set_defaults(func=run)
@@ -84,10 +93,7 @@ def run(args: argparse.Namespace) -> int:
     from rankopt.serve import require_extra
 
     require_extra()  # else an ImportError with the install line (printed by rankopt.cli.main)
-    from rankopt.serve.app import Settings
-    from rankopt.serve.guard import HostRule
     from rankopt.serve.images import check_formats
-    from rankopt.serve.limits import Limits
     from rankopt.serve.server import serve
 
     limits = Limits(max_upload_bytes=int(args.max_upload_mb * 2**20), max_pixels=args.max_pixels, max_k=args.max_k,
@@ -95,7 +101,7 @@ def run(args: argparse.Namespace) -> int:
                     **({} if args.formats is None else {"formats": check_formats(args.formats)}))
     settings = Settings(limits=limits, token=args.token or None, hosts=HostRule(args.host, tuple(args.allow_host)),
                         cors_origins=tuple(args.cors), max_batch=args.max_batch, max_wait_ms=args.batch_wait_ms,
-                        reload_every_s=args.reload_every, threads=args.threads, runtime=args.runtime)
-    serve(args.index, host=args.host, port=args.port, settings=settings, checkpoint=args.checkpoint, onnx=args.onnx,
-          device=args.device, request_timeout_s=args.request_timeout, max_connections=args.max_connections)
+                        reload_every_s=args.reload_every, threads=args.threads, runtime=args.runtime,
+                        port=args.port, request_timeout_s=args.request_timeout, max_connections=args.max_connections)
+    serve(args.index, settings, checkpoint=args.checkpoint, onnx=args.onnx, device=args.device)
     return 0

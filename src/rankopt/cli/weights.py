@@ -32,7 +32,7 @@ def register(subparsers: Any) -> None:
 
 def run_list(args: argparse.Namespace) -> int:
     from rankopt.engine.weights import cached_checkpoint
-    from rankopt.models.weights import known_releases
+    from rankopt.engine.weights import known_releases
 
     head = ("name", "trained on", "input", "size", "sha256", "licence", "cached")
     rows = [(r.name, r.trained_on, r.input, f"{r.size / 1e6:.1f} MB", r.sha256[:12], r.licence,

@@ -12,7 +12,8 @@ import argparse
 from typing import Any
 
 from rankopt.cli._postprocess import add_multiscale_argument
-from rankopt.cli._model import add_model_data_arguments, check_output, runtime_network
+from rankopt.cli._model import add_model_data_arguments, runtime_network
+from rankopt.cli._outputs import check_output
 
 
 def register(subparsers: Any) -> None:

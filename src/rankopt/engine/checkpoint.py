@@ -29,9 +29,8 @@ from typing import Any
 import numpy as np
 import torch
 
-CHECKPOINT_DIR = "checkpoints"
-LAST = "last.ckpt"
-BEST = "best.ckpt"
+from rankopt.layout import CHECKPOINTS_DIR, LAST_CKPT
+
 
 
 MODEL_FORMAT = "rankopt-model-checkpoint/1"
@@ -141,7 +140,7 @@ def _refused_message(path: Path, torch_message: str) -> str:
 def resolve_resume(resume: str, run_dir: str | Path) -> Path | None:
     """``"auto"`` -> ``run_dir/checkpoints/last.ckpt`` if it exists (else ``None``); otherwise the given path."""
     if resume == "auto":
-        last = Path(run_dir) / CHECKPOINT_DIR / LAST
+        last = Path(run_dir) / CHECKPOINTS_DIR / LAST_CKPT
         return last if last.is_file() else None
     path = Path(resume)
     if not path.is_file():

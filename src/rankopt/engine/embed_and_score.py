@@ -49,7 +49,7 @@ from rankopt.console import bars_shown
 from rankopt.data.fast_transform import collate
 from rankopt.data.reader import read_ahead
 from rankopt.engine.distributed import gather_for_evaluation
-from rankopt.engine.logging import progress
+from rankopt.console import progress
 from rankopt.engine.relevance_batches import check_evaluation, check_splits, split_relevance, uses_multilabels
 from rankopt.files import open_npy_atomic
 from rankopt.metrics import EvaluationResult, check_metrics, evaluate

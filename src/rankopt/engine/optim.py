@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Sequence
+from typing import NamedTuple
 
 import torch
 from torch.optim.lr_scheduler import LambdaLR
 
-from rankopt.config import OptimConfig, OptimizerConfig, ScheduleConfig
+from rankopt.config import ExperimentConfig, OptimConfig, OptimizerConfig, ScheduleConfig
 
 
 def build_optimizer(params: Iterable[torch.nn.Parameter] | list[dict], cfg: OptimizerConfig) -> torch.optim.Optimizer:
@@ -102,3 +103,30 @@ def build_scheduler(optimizer: torch.optim.Optimizer, cfg: ScheduleConfig, *, ep
     """A ``LambdaLR`` following :func:`lr_factor`; step it per batch if ``cfg.interval == "step"``, else per epoch."""
     total = epochs * steps_per_epoch if cfg.interval == "step" else epochs
     return LambdaLR(optimizer, lambda t: lr_factor(cfg, t, total))
+
+
+class TrainingOptimizers(NamedTuple):
+    """What a training run steps: the model's optimizer and schedule, and the loss's own (``None`` without)."""
+
+    optimizer: torch.optim.Optimizer
+    scheduler: LambdaLR
+    loss_optimizer: torch.optim.Optimizer | None
+    loss_scheduler: LambdaLR | None
+
+
+def build_training_optimizers(cfg: ExperimentConfig, model: torch.nn.Module, loss: torch.nn.Module,
+                              steps_per_epoch: int) -> TrainingOptimizers:
+    """The optimizers of a run: the model's (backbone and head groups, and the loss's class weights: see
+    :func:`loss_param_groups`) and, where the loss has parameters of its own (proxies), theirs, each with its
+    schedule over ``cfg.train.epochs`` epochs of ``steps_per_epoch`` steps."""
+    o = cfg.optim
+    loss_groups, own_loss_params = loss_param_groups(loss, o)
+    groups = model_param_groups(model.backbone_parameters(), model.head_parameters(), o) + loss_groups
+    optimizer = build_optimizer(groups, o)
+    scheduler = build_scheduler(optimizer, cfg.schedule, epochs=cfg.train.epochs, steps_per_epoch=steps_per_epoch)
+    if not own_loss_params:
+        return TrainingOptimizers(optimizer, scheduler, None, None)
+    loss_optimizer = build_optimizer(own_loss_params, o.loss_params)
+    return TrainingOptimizers(optimizer, scheduler, loss_optimizer,
+                              build_scheduler(loss_optimizer, o.loss_params.schedule, epochs=cfg.train.epochs,
+                                              steps_per_epoch=steps_per_epoch))

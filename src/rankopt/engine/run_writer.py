@@ -2,7 +2,7 @@
 (:func:`write_evaluation_folder`): how the run was asked for (``run.json``), the machine, the data, the model and
 loss (``report.json``), and the final model's neighbours (``retrieval.npz``) for pictures and ``compare``.
 
-The keys are described in ``docs/ARCHITECTURE.md`` (the run folder); ``rankopt.report`` reads them.
+The keys are described in ``docs/reference/formats.md`` (the run folder); ``rankopt.report`` reads them.
 """
 
 from __future__ import annotations
@@ -23,13 +23,10 @@ from rankopt.config import ExperimentConfig, save_config
 from rankopt.console import echo
 from rankopt.describe import machine_info, model_info, source_commit
 from rankopt.engine.embed_and_score import EmbeddedSplit
-from rankopt.engine.logging import METRICS_JSON
 from rankopt.files import write_text_atomic
+from rankopt.layout import CONFIG_YAML, FIGURES_DIR, METRICS_JSON, REPORT_JSON, RETRIEVAL_NPZ, RUN_JSON
 from rankopt.metrics import EvaluationResult
 
-RUN_JSON = "run.json"
-REPORT_JSON = "report.json"
-RETRIEVAL_NPZ = "retrieval.npz"
 RETRIEVAL_TOP_K = 10
 
 
@@ -102,7 +99,7 @@ def write_split_figures(run_dir: Path, splits: Sequence[EmbeddedSplit], cfg: Any
     ref = splits[1] if len(splits) == 2 else None
     note = "SYNTHETIC data" if (cfg.data.eval_name or cfg.data.name) == "synthetic" else None
     return write_figures(
-        run_dir / "figures", query_embeddings=query.embeddings, query_labels=query.labels,
+        run_dir / FIGURES_DIR, query_embeddings=query.embeddings, query_labels=query.labels,
         ref_embeddings=None if ref is None else ref.embeddings, ref_labels=None if ref is None else ref.labels,
         query_paths=query.paths, ref_paths=None if ref is None else ref.paths, history=history,
         level_names=level_names, similarity=cfg.eval.similarity, title_note=note, map_points=cfg.output.map_points)
@@ -140,7 +137,7 @@ def write_evaluation_folder(run_dir: Path, *, checkpoint: str, command: str, cfg
     report.json (with the ``postprocessing`` steps applied), retrieval.npz, figures and report.html
     (retrieval.npz and the figures use the whitened embeddings, without DBA/αQE); returns report.html's path."""
     run_dir.mkdir(parents=True, exist_ok=True)
-    save_config(cfg, run_dir / "config.yaml")
+    save_config(cfg, run_dir / CONFIG_YAML)
     device = next(model.parameters()).device
     write_run_info(run_dir, {"recipe": f"(checkpoint {checkpoint})", "overrides": [], "command": command}, device)
     record = {"epoch": 0, "step": 0, **result.to_record()}

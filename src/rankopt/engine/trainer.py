@@ -42,26 +42,26 @@ from torch.utils.data import DataLoader
 
 from rankopt.checks import check_finite_scalar
 from rankopt.config import ExperimentConfig, config_to_dict, save_config
-from rankopt.console import echo, format_table
+from rankopt.console import echo, format_table, progress
 from rankopt.data.fast_transform import collate
 from rankopt.describe import machine_info, model_info
-from rankopt.engine import checkpoint as ckpt, loggers, multistage, relevance_batches, run_writer
+from rankopt.engine import checkpoint as ckpt, multistage, relevance_batches, run_writer, trackers
 from rankopt.engine.assembly import (adopt_init_model, build_datasets, build_loss, build_model, build_sampler,
                                      build_transforms, resolve_device, seed_everything)
 from rankopt.engine.diagnostics import DIAGNOSTICS
 from rankopt.engine.distributed import DistributedLoss, average_gradients, init_distributed
 from rankopt.engine.embed_and_score import (EmbeddedSplit, autocast_context, check_eval_metrics, embed_dataset,
                                             evaluate_model)
-from rankopt.engine.logging import RunLogger, progress, write_csv_atomic
+from rankopt.engine.metrics_log import RunLogger, write_csv_atomic
 from rankopt.engine.memory import CrossBatchMemory
-from rankopt.engine.optim import build_optimizer, build_scheduler, loss_param_groups, model_param_groups
+from rankopt.engine.optim import build_training_optimizers
 from rankopt.engine.warm_start import init_loss_class_means, init_projection_pca
+from rankopt.layout import BEST_CKPT, CHECKPOINTS_DIR, CONFIG_YAML, LAST_CKPT, STEPS_CSV
 from rankopt.losses import terms
 from rankopt.rank.differences import difference_summary, score_differences
 from rankopt.runtime import resolve_auto
 
 _MAX_PATHS_SHOWN = 8
-STEPS_CSV = "steps.csv"
 
 
 RANDOM_PHOTO_HINT = ("hint: this model starts from random weights; on photos, start from ImageNet weights instead: "
@@ -114,7 +114,7 @@ class Trainer:
         stamp = datetime.now(timezone.utc).strftime("%Y%m%d-%H%M%S")
         self.run_dir = Path(run_dir or cfg.output.dir or Path("runs") / f"{cfg.name}-{stamp}")
         resume_path = ckpt.resolve_resume(cfg.train.resume, self.run_dir) if cfg.train.resume else None
-        self.trackers = loggers.ExperimentLoggers(cfg.output, resumed=resume_path is not None, enabled=self.is_main)
+        self.trackers = trackers.ExperimentLoggers(cfg.output, resumed=resume_path is not None, enabled=self.is_main)
         seed_everything(cfg.train.seed + self.rank)
         self.show = cfg.output.progress and self.is_main
         for note in init_notes if self.is_main else ():
@@ -159,18 +159,9 @@ class Trainer:
             for tensor in self.loss_fn.state_dict().values():  # proxies start equal on every rank
                 torch.distributed.broadcast(tensor, src=0)
 
-        o = cfg.optim
-        loss_groups, own_loss_params = loss_param_groups(self.loss_fn, o)
-        groups = model_param_groups(self.model.backbone_parameters(), self.model.head_parameters(), o) + loss_groups
-        self.optimizer = build_optimizer(groups, o)
-        self.scheduler = build_scheduler(self.optimizer, cfg.schedule, epochs=cfg.train.epochs,
-                                         steps_per_epoch=self.steps_per_epoch)
+        optimizers = build_training_optimizers(cfg, self.model, self.loss_fn, self.steps_per_epoch)
+        self.optimizer, self.scheduler, self.loss_optimizer, self.loss_scheduler = optimizers
         self.loss_params = [p for p in self.loss_fn.parameters() if p.requires_grad]
-        self.loss_optimizer = build_optimizer(own_loss_params, o.loss_params) if own_loss_params else None
-        self.loss_scheduler = None
-        if self.loss_optimizer is not None:
-            self.loss_scheduler = build_scheduler(self.loss_optimizer, o.loss_params.schedule,
-                                                  epochs=cfg.train.epochs, steps_per_epoch=self.steps_per_epoch)
         self.scaler = torch.amp.GradScaler(self.device.type, enabled=cfg.train.amp == "fp16")
 
         self.memory = None
@@ -260,7 +251,7 @@ class Trainer:
 
     def save(self, name: str) -> Path:
         """Write ``checkpoints/<name>`` and ``steps.csv`` (main process only)."""
-        path = self.run_dir / ckpt.CHECKPOINT_DIR / name
+        path = self.run_dir / CHECKPOINTS_DIR / name
         if self.is_main:
             ckpt.save_checkpoint(path, self.state_dict())
             self._write_step_log()
@@ -388,7 +379,7 @@ class Trainer:
             if hasattr(bar, "set_postfix"):
                 bar.set_postfix(loss=f"{value:.4f}")
             if every and self.global_step % every == 0 and self.step_in_epoch < self.steps_per_epoch:
-                self.save(ckpt.LAST)
+                self.save(LAST_CKPT)
         mean = self.loss_sum / max(self.loss_count, 1)
         self._step_schedulers("epoch")
         self.epoch += 1
@@ -420,7 +411,7 @@ class Trainer:
                              f"; available: {', '.join(_scores(metrics))}")
         if self.epoch > 0 and (self.best["value"] is None or metrics[key] > self.best["value"]):
             self.best = {"metric": key, "value": metrics[key], "epoch": self.epoch}
-            self.save(ckpt.BEST)
+            self.save(BEST_CKPT)
 
     def fit(self) -> dict[str, Any]:
         """Train to ``train.epochs``; returns the final report (also written to ``report.json``)."""
@@ -428,7 +419,7 @@ class Trainer:
         start = time.perf_counter()
         if self.is_main:
             self.run_dir.mkdir(parents=True, exist_ok=True)
-            save_config(cfg, self.run_dir / "config.yaml")
+            save_config(cfg, self.run_dir / CONFIG_YAML)
             run_writer.write_run_info(self.run_dir, self.run_info, self.device)
             self.trackers.start(self.run_dir, config_to_dict(cfg), self.run_info)
             run_writer.write_class_split(self.run_dir, self.train_ds)
@@ -446,7 +437,7 @@ class Trainer:
                 if self.is_main:
                     shown = ", ".join(f"{k}={metrics[k]:.4f}" for k in cfg.eval.metrics if k in metrics)
                     echo(f"epoch {self.epoch}: loss={loss:.4f} {shown}")
-            self.save(ckpt.LAST)
+            self.save(LAST_CKPT)
         report = self._report(time.perf_counter() - start)
         self.trackers.finish()
         if self.logger is not None:

@@ -24,6 +24,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from rankopt.experiments.runner import RUN_THREADS, RunOutcome, RunSpec, run_grid
+from rankopt.layout import REPORT_JSON
 from rankopt.report import compare_runs, write_comparison
 
 LOSSES: dict[str, tuple[str, ...]] = {
@@ -218,7 +219,7 @@ def select_learning_rate(outcomes: Sequence[RunOutcome],
     for o in outcomes:
         if o.status == "failed":
             continue
-        trained = json.loads((o.run_dir / "report.json").read_text())["trained"]
+        trained = json.loads((o.run_dir / REPORT_JSON).read_text())["trained"]
         table.setdefault(o.spec.tags["lr"], {})[o.spec.tags["loss"]] = float(trained[metric])
     if not table:
         raise ValueError("no tuning run finished: nothing to choose from")

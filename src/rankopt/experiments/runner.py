@@ -19,9 +19,11 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from rankopt.layout import REPORT_JSON
+
 RUN_THREADS = 1
 """Torch threads of each run of a grid (``--threads-per-run``): the same for every ``jobs``."""
-REPORT = "report.json"
+REPORT = REPORT_JSON
 LOG = "train.log"
 
 

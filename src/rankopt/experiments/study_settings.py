@@ -11,12 +11,13 @@ from pathlib import Path
 from typing import TypeVar
 
 from rankopt.experiments.runner import RunOutcome, RunSpec, run_grid
+from rankopt.layout import CHECKPOINTS_DIR, LAST_CKPT, RUN_JSON
 
 QUICK_OVERRIDES = ("data.kwargs.alphabets=3", "train.epochs=1", "train.max_steps_per_epoch=8", "train.batch_size=32",
                    "output.map_points=300", "train.sampler=m_per_class")
 """``--quick``: tiny settings for tests and CI (one seed)."""
 VALIDATION_OVERRIDES = ("data.validation_fraction=0.2",)
-TRAINED_CHECKPOINT = Path("checkpoints") / "last.ckpt"
+TRAINED_CHECKPOINT = Path(CHECKPOINTS_DIR) / LAST_CKPT
 CALIBRATION_LOSSES = {"sup_ap": "SupAP (no calibration)", "roadmap": "ROADMAP (SupAP + calibration)"}
 """ROADMAP without and with its calibration term (``batch_size`` and ``decomposability_gap``)."""
 
@@ -91,7 +92,7 @@ class StudySettings:
 
 def _check_same_settings(spec: RunSpec, runs_dir: Path) -> None:
     """An existing run folder must come from the same ``rankopt train`` arguments (its ``run.json``)."""
-    record_path = runs_dir / spec.name / "run.json"
+    record_path = runs_dir / spec.name / RUN_JSON
     if not record_path.is_file():
         return
     record = json.loads(record_path.read_text())

@@ -12,6 +12,7 @@ from pathlib import Path
 from rankopt.config import load_config
 from rankopt.experiments.study_settings import CALIBRATION_LOSSES, StudySettings, seeded_runs, value_text
 from rankopt.experiments.study_tables import Cell, Findings, Table, finite_summary
+from rankopt.layout import REPORT_JSON
 from rankopt.report.compare import load_run
 from rankopt.report.stats import Summary
 from rankopt.viz import plot_sweep
@@ -41,7 +42,7 @@ def _trained_metrics(run_dir: Path, s: StudySettings) -> dict[str, float]:
 
 def _split_description(run_dir: Path, split: str) -> str:
     """What ``split`` is, with its images and classes per level (a run's ``report.json``)."""
-    report = json.loads((run_dir / "report.json").read_text())
+    report = json.loads((run_dir / REPORT_JSON).read_text())
     data = report.get("data", {}).get("eval", {}).get(split, {})
     classes = ", ".join(f"{level} {n}" for level, n in data.get("classes", {}).items())
     what = ("a class-disjoint VALIDATION split carved from the training classes (data.validation_fraction=0.2)"

@@ -15,6 +15,7 @@ import torch
 from rankopt.fit.photos import Photos
 from rankopt.fit.record import FitRecord
 from rankopt.fit.validation import NAMES, per_class_gain
+from rankopt.layout import FIGURES_DIR, REPORT_HTML
 from rankopt.report.html import (
     figure,
     key_values,
@@ -89,7 +90,7 @@ def _examples(folder: Path, photos: Photos, embeddings: Mapping[str, torch.Tenso
         groups.append(GroupNeighbours(name, paths, found.levels.numpy(), found.scores.numpy()))
     kinds = {int(r): "known class" for r in split.known_queries} | {int(r): "new class" for r in split.new_queries}
     titles = [f"{split.class_names[split.labels[q]]} ({kinds[int(q)]})" for q in picks]
-    return plot_retrieval_rows(folder / "figures" / "examples.png", [photos.dataset.paths[q] for q in picks], groups,
+    return plot_retrieval_rows(folder / FIGURES_DIR / "examples.png", [photos.dataset.paths[q] for q in picks], groups,
                                num_levels=1, query_titles=titles, title_note="validation queries in the index")
 
 
@@ -119,4 +120,4 @@ def write_report(folder: Path, record: FitRecord, photos: Photos, embeddings: Ma
     html = page("rankopt fit", [section("Summary", summary), results, chosen, *pictures,
                                 section("Time per stage", timing)],
                 subtitle=f"{record.photos} on {record.machine.get('device', '')}")
-    return write_page(folder / "report.html", html)
+    return write_page(folder / REPORT_HTML, html)

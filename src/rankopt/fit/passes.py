@@ -19,6 +19,7 @@ import torch
 from rankopt.data.reader import READ_THREADS
 from rankopt.data.transforms import build_transform
 from rankopt.engine.assembly import inference_preprocessing, model_from_checkpoint
+from rankopt.engine.weights import resolve_checkpoint
 from rankopt.fit.clock import clock_text
 from rankopt.fit.framing import choose_framing
 from rankopt.fit.photos import save_split
@@ -26,7 +27,6 @@ from rankopt.fit.sizing import size_for
 from rankopt.fit.state import FitState
 from rankopt.fit.trunk import TailStates, TrunkCache, final_resolution_cut, frozen_forwards, trunk_outputs
 from rankopt.fit.validation import sample_by_class
-from rankopt.fit.weights import resolve_checkpoint
 from rankopt.models.stages import cut
 
 TRUNK_SHARE = 0.5

@@ -8,6 +8,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from rankopt import layout
+from rankopt.files import replaceable_folder
+
+QUERIES = ("known", "new", "both")
+"""The searches a fit prepares for (:attr:`FitSettings.queries`)."""
 
 
 @dataclass(frozen=True)
@@ -22,7 +26,7 @@ class FitSettings:
     validation_fraction: float = 0.2
     """Share of each class's photos kept back, and of the classes held out whole (:mod:`rankopt.fit.validation`)."""
     queries: str = "both"
-    """The searches the index will answer (:data:`rankopt.fit.validation.QUERIES`): ``known`` new photos of the
+    """The searches the index will answer (:data:`QUERIES`): ``known`` new photos of the
     folder's classes, ``new`` photos of other classes, ``both``."""
     losses: tuple[str, ...] = ("sup_ap",)
     lrs: tuple[float, ...] = (1e-5, 3e-5, 1e-4)
@@ -42,18 +46,22 @@ class FitSettings:
 
 
 def check_run_folder(out: str | os.PathLike[str], overwrite: bool = False) -> Path:
-    """``out`` as a new run folder. An existing non-empty folder is refused in one sentence, unless ``overwrite``
-    and it is a fit's run folder (then it is removed); a folder of anything else is never removed."""
+    """``out`` as a new run folder (:func:`rankopt.files.replaceable_folder`). An existing non-empty folder is
+    refused in one sentence, unless ``overwrite`` and it is a fit's run folder (then it is removed); a folder of
+    anything else is never removed."""
     folder = Path(out).expanduser()
-    if not folder.exists() or (folder.is_dir() and not any(folder.iterdir())):
+    is_run = replaceable_folder(
+        folder, ours=lambda f: (f / layout.FIT_JSON).is_file() or (f / layout.UNFINISHED).is_file(),
+        what="run folder", error=FileExistsError,
+        refusal=f"run folder {str(folder)!r} already exists and is not empty (it is not a fit's run folder, so "
+                "--overwrite does not touch it): choose a new --out")
+    if not is_run:
         return folder
-    is_run = folder.is_dir() and ((folder / layout.FIT_JSON).is_file() or (folder / layout.UNFINISHED).is_file())
-    if overwrite and is_run:
+    if overwrite:
         shutil.rmtree(folder)
         return folder
-    unfinished = layout.read_unfinished(folder) if folder.is_dir() else None
+    unfinished = layout.read_unfinished(folder)
     if unfinished is not None:
         raise FileExistsError(layout.unfinished_message(folder, unfinished))
-    what = "holds a finished fit: add --overwrite to replace it, or" if is_run else "already exists and is not " \
-        "empty (it is not a fit's run folder, so --overwrite does not touch it):"
-    raise FileExistsError(f"run folder {str(folder)!r} {what} choose a new --out")
+    raise FileExistsError(f"run folder {str(folder)!r} holds a finished fit: add --overwrite to replace it, or "
+                          "choose a new --out")

@@ -32,11 +32,10 @@ import torch
 from rankopt.config import EvalConfig
 from rankopt.engine.embed_and_score import CATEGORY, EmbeddedSplit
 from rankopt.engine.embed_and_score import score as score_splits
+from rankopt.fit.settings import QUERIES
 from rankopt.postprocess import PostProcessing
-from rankopt.postprocess.expansion import database_augmentation
 
-KNOWN, NEW, BOTH = "known", "new", "both"
-QUERIES = (KNOWN, NEW, BOTH)
+KNOWN, NEW, BOTH = QUERIES
 """The searches ``--queries`` names: new photos of the folder's classes, photos of new classes, or both."""
 METRICS = ("map@r", "recall@1")
 SELECT_ON = "map@r"
@@ -194,8 +193,7 @@ def score_all(x: torch.Tensor, split: ValidationSplit, post: PostProcessing | No
     post = post or PostProcessing()
     whitened = post.whiten(x)
     gallery = whitened[split.positions(split.gallery)]
-    if post.dba is not None:
-        gallery = database_augmentation(gallery, post.dba)
+    gallery = post.augment(gallery)
     labels = torch.as_tensor(split.labels).long()
     index = EmbeddedSplit(gallery, labels[split.gallery].view(-1, 1), [], {})
     expansion = PostProcessing(None, None, None, post.qe)

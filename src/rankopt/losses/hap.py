@@ -8,7 +8,7 @@ import torch
 
 from rankopt.losses.registry import LOSSES
 from rankopt.losses.sup_ap import SupRankLoss
-from rankopt.rank.relevance import level_counts, relevance
+from rankopt.rank.levels import level_counts, relevance
 from rankopt.rank.surrogates import pairwise_step_counts
 
 

@@ -8,7 +8,7 @@ import torch
 
 from rankopt.losses.registry import LOSSES
 from rankopt.losses.sup_ap import SupRankLoss
-from rankopt.rank.relevance import ndcg_gains
+from rankopt.rank.levels import ndcg_gains
 
 
 @LOSSES.register("sup_ndcg")

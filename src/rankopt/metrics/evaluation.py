@@ -110,6 +110,81 @@ class EvaluationResult:
         return record
 
 
+def _checked_specs(metrics: Sequence[str] | None, num_levels: int, *, similarity: str, backend: str,
+                   options: dict[str, object], ref_block_size: int | None, method: str,
+                   chunk_size: int | None) -> list[MetricSpec]:
+    """The parsed metrics of :func:`evaluate` (its defaults for ``num_levels`` label levels), after refusing every
+    argument it cannot serve: unknown options, similarity or backend, a level beyond the labels, non-top-k metrics
+    with faiss, ``ref_block_size`` with metrics or a method that need the reference set whole, a chunk size < 1."""
+    if chunk_size is not None and chunk_size < 1:
+        raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
+    unknown = sorted(set(options) - set(OPTIONS))
+    if unknown:
+        raise TypeError(f"unknown evaluate() option(s) {unknown}; known: {', '.join(OPTIONS)}")
+    if similarity not in SIMILARITIES:
+        raise ValueError(f"unknown similarity {similarity!r}; use one of {', '.join(SIMILARITIES)}")
+    if backend not in ("torch", "faiss"):
+        raise ValueError(f"unknown backend {backend!r}; use 'torch' or 'faiss'")
+    specs = [parse_metric(m)
+             for m in (metrics or (DEFAULT_METRICS if num_levels == 1 else DEFAULT_HIERARCHICAL_METRICS))]
+    check_levels(specs, num_levels)
+    if backend == "faiss" and any(s.kind != "topk" for s in specs):
+        bad = [s.name for s in specs if s.kind != "topk"]
+        raise ValueError(f"backend='faiss' serves top-k metrics only; use backend='torch' for {bad}")
+    if ref_block_size is not None:
+        arguments.check_ref_block_size(ref_block_size, [s.name for s in specs if s.kind == "hierarchical"], backend)
+    if kernels.check(method) == "compiled" and ref_block_size is not None:
+        raise ValueError(f"method={method!r} holds the reference set whole; use it without ref_block_size")
+    return specs
+
+
+def _exclusions(query_ref_index: torch.Tensor | None, query_groups: torch.Tensor | None,
+                ref_groups: torch.Tensor | None, num_queries: int, num_refs: int, self_retrieval: bool, backend: str,
+                dev: torch.device) -> tuple[torch.Tensor | None, ExclusionGroups | None]:
+    """What each query leaves out of its retrieval set, by index, checked and on ``dev``: its own item (``(Q,)``,
+    ``-1`` none; ``None``: no query has one) and the exclusion groups (``None``: none)."""
+    groups = arguments.check_exclusion_groups(query_groups, ref_groups, num_queries, num_refs, self_retrieval)
+    if groups is not None and backend == "faiss":
+        raise ValueError("backend='faiss' cannot exclude groups (query_groups); use backend='torch'")
+    if query_ref_index is not None:
+        own = arguments.check_query_ref_index(query_ref_index, num_queries, num_refs, self_retrieval).to(dev)
+    else:
+        own = torch.arange(num_queries, device=dev) if self_retrieval else None
+    return own, (None if groups is None else ExclusionGroups(groups[0].to(dev), groups[1].to(dev)))
+
+
+def _averaged(per_chunk: Iterator[dict[str, torch.Tensor]], specs: list[MetricSpec], ctx: _Context | GivenRelevance,
+              num_queries: int, query_categories: Sequence[object] | None) -> EvaluationResult:
+    """Each metric averaged over the queries where it is defined (not NaN), from ``per_chunk``'s per-query values
+    (every path yields them in query order); per category too with ``query_categories``."""
+    sums: dict[str, float] = {s.name: 0.0 for s in specs}
+    counts: dict[str, int] = {s.name: 0 for s in specs}
+    totals = None if query_categories is None else CategoryTotals(*category_codes(query_categories, num_queries),
+                                                                  list(sums))
+    start = 0  # every path yields the queries' values in query order
+    for per_query in per_chunk:
+        rows = slice(start, start + len(next(iter(per_query.values()))))
+        for name, values in per_query.items():
+            if name in sums:
+                defined = ~values.isnan()
+                sums[name] += float(values[defined].sum())
+                counts[name] += int(defined.sum())
+                if totals is not None:
+                    totals.add(name, values, rows)
+        start = rows.stop
+
+    result = EvaluationResult(
+        metrics={name: (sums[name] / counts[name] if counts[name] else math.nan) for name in sums},
+        num_queries=num_queries,
+        num_queries_without_positive=int((ctx.num_pos <= 0).sum()),
+        num_excluded={name: num_queries - counts[name] for name in sums},
+    )
+    if totals is not None:
+        result.by_category = {name: EvaluationResult(*values)
+                              for name, values in totals.results(ctx.num_pos <= 0).items()}
+    return result
+
+
 def evaluate(
     query_embeddings: torch.Tensor,
     query_labels: torch.Tensor | None,
@@ -183,29 +258,9 @@ def evaluate(
         query, ref, relevance = arguments.check_relevance_inputs(
             query_embeddings, query_labels, ref_embeddings, ref_labels, relevance, method=method, backend=backend,
             ref_block_size=ref_block_size)
-    unknown = sorted(set(options) - set(OPTIONS))
-    if unknown:
-        raise TypeError(f"unknown evaluate() option(s) {unknown}; known: {', '.join(OPTIONS)}")
-    if similarity not in SIMILARITIES:
-        raise ValueError(f"unknown similarity {similarity!r}; use one of {', '.join(SIMILARITIES)}")
-    if backend not in ("torch", "faiss"):
-        raise ValueError(f"unknown backend {backend!r}; use 'torch' or 'faiss'")
     num_levels = q_labels.shape[1] if relevance is None else relevance.grades
-    specs = [parse_metric(m)
-             for m in (metrics or (DEFAULT_METRICS if num_levels == 1 else DEFAULT_HIERARCHICAL_METRICS))]
-    check_levels(specs, num_levels)
-    if backend == "faiss" and any(s.kind != "topk" for s in specs):
-        bad = [s.name for s in specs if s.kind != "topk"]
-        raise ValueError(f"backend='faiss' serves top-k metrics only; use backend='torch' for {bad}")
-    if ref_block_size is not None:
-        arguments.check_ref_block_size(ref_block_size, [s.name for s in specs if s.kind == "hierarchical"], backend)
-    groups = arguments.check_exclusion_groups(query_groups, ref_groups, query.shape[0], ref.shape[0],
-                                              ref_embeddings is None)
-    if groups is not None and backend == "faiss":
-        raise ValueError("backend='faiss' cannot exclude groups (query_groups); use backend='torch'")
-    if kernels.check(method) == "compiled" and ref_block_size is not None:
-        raise ValueError(f"method={method!r} holds the reference set whole; use it without ref_block_size")
-
+    specs = _checked_specs(metrics, num_levels, similarity=similarity, backend=backend, options=options,
+                           ref_block_size=ref_block_size, method=method, chunk_size=chunk_size)
     self_retrieval = ref_embeddings is None
     dev = torch.device(device) if device is not None else query.device
     dtype = torch.float64 if query.dtype == torch.float64 else torch.float32
@@ -215,55 +270,17 @@ def evaluate(
     if relevance is None:
         q_labels = q_labels.to(dev)
         r_labels = q_labels if self_retrieval else r_labels.to(dev)
-    if chunk_size is not None and chunk_size < 1:
-        raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
-    if query_ref_index is not None:
-        own = arguments.check_query_ref_index(query_ref_index, query.shape[0], ref.shape[0], self_retrieval).to(dev)
-    else:
-        own = torch.arange(query.shape[0], device=dev) if self_retrieval else None
-    if groups is not None:
-        groups = ExclusionGroups(groups[0].to(dev), groups[1].to(dev))
+    own, groups = _exclusions(query_ref_index, query_groups, ref_groups, query.shape[0], ref.shape[0],
+                              self_retrieval, backend, dev)
     ctx = (_Context(specs, q_labels, r_labels, own, self_retrieval, options, groups) if relevance is None
            else GivenRelevance(specs, relevance, own, groups, options))
-    if ref_block_size is not None and ctx.full_binary and int(ctx.num_pos.max()) > MAX_COUNTED_POSITIVES:
-        raise ValueError(
-            f"map/mrr under ref_block_size count at most {MAX_COUNTED_POSITIVES} positives per query, but a query has "
-            f"{int(ctx.num_pos.max())}; evaluate them without ref_block_size (--ref-block-size)"
-        )
-
-    sums: dict[str, float] = {s.name: 0.0 for s in specs}
-    counts: dict[str, int] = {s.name: 0 for s in specs}
-    totals = None if query_categories is None else CategoryTotals(*category_codes(query_categories, query.shape[0]),
-                                                                  list(sums))
     if isinstance(ctx, GivenRelevance):
         per_chunk = ctx.chunks(query, None if self_retrieval else ref, similarity, chunk_size, progress)
     elif ref_block_size is not None:
         per_chunk = _blocked_metrics(ctx, query, ref, similarity, chunk_size, ref_block_size, progress)
     else:
         per_chunk = _per_query_metrics(ctx, query, ref, similarity, chunk_size, backend, progress, method)
-    start = 0  # every path yields the queries' values in query order
-    for per_query in per_chunk:
-        rows = slice(start, start + len(next(iter(per_query.values()))))
-        for name, values in per_query.items():
-            if name in sums:
-                defined = ~values.isnan()
-                sums[name] += float(values[defined].sum())
-                counts[name] += int(defined.sum())
-                if totals is not None:
-                    totals.add(name, values, rows)
-        start = rows.stop
-
-    num_queries = query.shape[0]
-    result = EvaluationResult(
-        metrics={name: (sums[name] / counts[name] if counts[name] else math.nan) for name in sums},
-        num_queries=num_queries,
-        num_queries_without_positive=int((ctx.num_pos <= 0).sum()),
-        num_excluded={name: num_queries - counts[name] for name in sums},
-    )
-    if totals is not None:
-        result.by_category = {name: EvaluationResult(*values)
-                              for name, values in totals.results(ctx.num_pos <= 0).items()}
-    return result
+    return _averaged(per_chunk, specs, ctx, query.shape[0], query_categories)
 
 
 class _Context:
@@ -468,6 +485,11 @@ def _blocked_metrics(
     progress: bool
 ) -> Iterator[dict[str, torch.Tensor]]:
     """Per-query metric values, query chunk after query chunk, each against the reference set read in blocks."""
+    if ctx.full_binary and int(ctx.num_pos.max()) > MAX_COUNTED_POSITIVES:
+        raise ValueError(
+            f"map/mrr under ref_block_size count at most {MAX_COUNTED_POSITIVES} positives per query, but a query has "
+            f"{int(ctx.num_pos.max())}; evaluate them without ref_block_size (--ref-block-size)"
+        )
     chunk = chunk_size or default_chunk_size(block_size, bytes_per_score=8)
     dtype = torch.float64 if query.dtype == torch.float64 else torch.float32
     starts = range(0, query.shape[0], chunk)

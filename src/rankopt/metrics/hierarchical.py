@@ -30,7 +30,7 @@ import numpy as np
 import torch
 
 from rankopt.metrics.ranking import ClassIndex, count_below, list_ranks, sorted_rows, tie_ends
-from rankopt.rank.relevance import ndcg_gains, relevance
+from rankopt.rank.levels import ndcg_gains, relevance
 
 
 class LevelIndex:
@@ -111,7 +111,7 @@ class RankedLevels:
 
 
 def h_ap(r: RankedLevels, **relevance_kwargs: object) -> torch.Tensor:
-    """H-AP (Eq. 19) per query; ``relevance_kwargs`` go to :func:`rankopt.rank.relevance.relevance`."""
+    """H-AP (Eq. 19) per query; ``relevance_kwargs`` go to :func:`rankopt.rank.levels.relevance`."""
     levels, num_levels = r.levels, r.num_levels
     per_level = torch.arange(num_levels + 1, device=levels.device).expand(levels.shape[0], -1)
     # (Q, L + 1)

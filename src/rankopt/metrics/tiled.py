@@ -153,12 +153,7 @@ def tiled_search(
     x_ref = x_query if self_retrieval else prepare(ref, similarity)[r_order]
     q_labels = query_fine[q_order].contiguous()
     r_labels = q_labels if self_retrieval else ref_fine[r_order].contiguous()
-    own_sorted = torch.full((num_queries,), -1, dtype=torch.int64)
-    if own is not None:
-        r_rank = torch.empty_like(r_order)
-        r_rank[r_order] = torch.arange(num_refs)
-        original = own[q_order]
-        own_sorted = torch.where(original >= 0, r_rank[original.clamp(min=0)], -1)
+    own_sorted = _sorted_own(own, q_order, r_order)
 
     width = max(int(ref_counts.max()), 1) if count_positives and ref_counts.numel() else int(count_positives)
     state = _State(num_queries, k, width, x_query.dtype)
@@ -213,20 +208,36 @@ def tiled_search(
         elif k == 0:
             _pair_counts(state, pool, blocks, scores_of)
         else:
-            pairs = _PairPass(state, pool, rows_max, candidate_capacity)
-            buffer = torch.empty(rows_max * cols_max, dtype=x_query.dtype)
-            for a, (a_lo, a_hi, _, _) in enumerate(blocks):  # off-diagonal tiles serve their rows and their columns
-                rows = slice(a_lo, a_hi)
-                for b_lo, b_hi, _, _ in blocks[a + 1 :]:
-                    cols = slice(b_lo, b_hi)
-                    pair = buffer[: (a_hi - a_lo) * (b_hi - b_lo)].view(a_hi - a_lo, b_hi - b_lo)
-
-                    def product(lo: int, hi: int, pair: torch.Tensor = pair, rows: slice = rows,
-                                cols: slice = cols) -> None:
-                        pairwise(x_query[rows][lo:hi], x_ref[cols], similarity, prepared=True, out=pair[lo:hi])
-
-                    pairs.serve(pair.numpy(), rows, cols, product)
+            _pair_heaps(state, pool, blocks, x_query, similarity, rows_max * cols_max,
+                        _PairPass(state, pool, rows_max, candidate_capacity))
     return _result(state, q_order, r_order, own_sorted, own, width)
+
+
+def _sorted_own(own: torch.Tensor | None, q_order: torch.Tensor, r_order: torch.Tensor) -> torch.Tensor:
+    """Each sorted query's own reference as a position in the sorted references (``-1``: none)."""
+    if own is None:
+        return torch.full((q_order.shape[0],), -1, dtype=torch.int64)
+    r_rank = torch.empty_like(r_order)
+    r_rank[r_order] = torch.arange(r_order.shape[0])
+    original = own[q_order]
+    return torch.where(original >= 0, r_rank[original.clamp(min=0)], -1)
+
+
+def _pair_heaps(state: _State, pool: ThreadPool, blocks: list[tuple[int, int, int, int]], x: torch.Tensor,
+                similarity: str, room: int, pairs: _PairPass) -> None:
+    """Off-diagonal tiles of a symmetric product with heaps (self-retrieval, ``k > 0``): each tile ``a x b``
+    (``b`` after ``a``) computed once into one buffer of ``room`` scores, serving its rows and its columns."""
+    buffer = torch.empty(room, dtype=x.dtype)
+    for a, (a_lo, a_hi, _, _) in enumerate(blocks):
+        rows = slice(a_lo, a_hi)
+        for b_lo, b_hi, _, _ in blocks[a + 1 :]:
+            cols = slice(b_lo, b_hi)
+            pair = buffer[: (a_hi - a_lo) * (b_hi - b_lo)].view(a_hi - a_lo, b_hi - b_lo)
+
+            def product(lo: int, hi: int, pair: torch.Tensor = pair, rows: slice = rows, cols: slice = cols) -> None:
+                pairwise(x[rows][lo:hi], x[cols], similarity, prepared=True, out=pair[lo:hi])
+
+            pairs.serve(pair.numpy(), rows, cols, product)
 
 
 def _pair_counts(state: _State, pool: ThreadPool, blocks: list[tuple[int, int, int, int]],

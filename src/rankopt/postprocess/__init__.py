@@ -74,14 +74,28 @@ class PostProcessing:
         """
         if not self.expands:
             return query, gallery
-        base = query if gallery is None else gallery
         if gallery is None:
             exclude = torch.arange(query.shape[0], device=query.device)
-        augmented = base if self.dba is None else database_augmentation(base, self.dba, similarity=similarity,
-                                                                          chunk_size=chunk_size)
-        expanded = query if self.qe is None else alpha_query_expansion(query, augmented, self.qe, exclude=exclude,
-                                                                       similarity=similarity, chunk_size=chunk_size)
-        return expanded, augmented
+        augmented = self.augment(query if gallery is None else gallery, similarity=similarity, chunk_size=chunk_size)
+        return self.expand_queries(query, augmented, exclude=exclude, similarity=similarity,
+                                   chunk_size=chunk_size), augmented
+
+    def augment(self, gallery: torch.Tensor, *, similarity: str = "cosine",
+                chunk_size: int | None = None) -> torch.Tensor:
+        """DBA of ``gallery`` (:func:`database_augmentation`: each vector averaged with its neighbours), or
+        ``gallery`` unchanged without :attr:`dba`."""
+        if self.dba is None:
+            return gallery
+        return database_augmentation(gallery, self.dba, similarity=similarity, chunk_size=chunk_size)
+
+    def expand_queries(self, query: torch.Tensor, gallery: torch.Tensor, *, exclude: torch.Tensor | None = None,
+                       similarity: str = "cosine", chunk_size: int | None = None) -> torch.Tensor:
+        """αQE of ``query`` against ``gallery`` (:func:`alpha_query_expansion`; ``exclude`` as in :meth:`expand`),
+        or ``query`` unchanged without :attr:`qe` (or with ``k = 0``)."""
+        if self.qe is None or self.qe.k == 0:
+            return query
+        return alpha_query_expansion(query, gallery, self.qe, exclude=exclude, similarity=similarity,
+                                     chunk_size=chunk_size)
 
     def embedding_steps(self) -> PostProcessing:
         """Only the steps that change each item's embedding on its own (multi-scale, whitening)."""

@@ -3,7 +3,7 @@ smooth surrogates of the Heaviside, and score differences. Every loss and metric
 of rankopt uses these pieces."""
 
 from rankopt.rank.differences import difference_summary, operating_fraction, score_differences
-from rankopt.rank.relevance import level_counts, ndcg_gains, relevance
+from rankopt.rank.levels import level_counts, ndcg_gains, relevance
 from rankopt.rank.relevance_input import Relevance
 from rankopt.rank.surrogates import Pivots, default_delta, heaviside, sigmoid_sums, sup_rank_sums, sup_step
 

@@ -18,13 +18,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from rankopt.layout import CONFIG_YAML, METRICS_JSON, REPORT_JSON, RETRIEVAL_NPZ
 from rankopt.report.run_reader import RunFolder, is_finite, metric_names, read_run
 from rankopt.report.stats import PairedDifference, Summary, paired_difference, summarize
 
 __all__ = ["MISSING", "Comparison", "Pairing", "RunRecord", "UnfinishedRunError", "compare_runs", "load_run",
            "value_text"]
 
-CONFIG_YAML, REPORT_JSON, METRICS_JSON, RETRIEVAL_NPZ = "config.yaml", "report.json", "metrics.json", "retrieval.npz"
 MISSING = object()
 """The value of a config key a run does not have."""
 

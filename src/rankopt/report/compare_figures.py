@@ -10,7 +10,8 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from rankopt.report.compare import RETRIEVAL_NPZ, Comparison, RunRecord, value_text
+from rankopt.layout import RETRIEVAL_NPZ
+from rankopt.report.compare import Comparison, RunRecord, value_text
 
 if TYPE_CHECKING:
     from rankopt.viz.comparison import GroupNeighbours

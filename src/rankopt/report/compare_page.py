@@ -9,7 +9,8 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from rankopt.nested import flatten
-from rankopt.report.compare import MISSING, REPORT_JSON, RETRIEVAL_NPZ, Comparison, RunRecord, value_text
+from rankopt.layout import FIGURES_DIR, REPORT_JSON, RETRIEVAL_NPZ
+from rankopt.report.compare import MISSING, Comparison, RunRecord, value_text
 from rankopt.report.compare_figures import main_metrics, retrieval_rows, synthetic_note
 from rankopt.report.compare_text import SIGNIFICANCE, best_in_bold, markdown_tables, p_text, unpaired_note, write_csv
 from rankopt.report.html import DASH, Raw, escape, figure, key_values, link, note, page, section, table, write_page
@@ -146,11 +147,11 @@ def write_comparison(comparison: Comparison, out_dir: str | os.PathLike[str], *,
     curve_notes: list[str] = []
     try:
         paths["learning_curves"] = plot_learning_curves_by_group(
-            {g: [r.history for r in rs] for g, rs in c.groups.items()}, out / "figures" / "learning_curves.png",
+            {g: [r.history for r in rs] for g, rs in c.groups.items()}, out / FIGURES_DIR / "learning_curves.png",
             metrics=main, title_note=synthetic_note(c))
     except ValueError as err:
         curve_notes.append(f"no learning curves: {err}")
-    grid, grid_notes = retrieval_rows(c, out / "figures" / "retrieval_rows.png", num_queries=grid_queries,
+    grid, grid_notes = retrieval_rows(c, out / FIGURES_DIR / "retrieval_rows.png", num_queries=grid_queries,
                                       top_k=grid_top_k,
                                       grid_seed=grid_seed, query_seed=query_seed)
     if grid is not None:

@@ -16,9 +16,11 @@ from typing import Any
 import numpy as np
 import yaml
 
+from rankopt.layout import CONFIG_YAML, METRICS_JSON, REPORT_JSON, RUN_JSON, STEPS_CSV
+
 __all__ = ["RunFolder", "is_finite", "metric_names", "read_run"]
 
-_RUN_FILES = ("config.yaml", "run.json", "report.json", "metrics.json", "steps.csv")
+_RUN_FILES = (CONFIG_YAML, RUN_JSON, REPORT_JSON, METRICS_JSON, STEPS_CSV)
 _NOT_METRICS = ("epoch", "step", "loss")
 
 
@@ -117,13 +119,13 @@ def read_run(run_dir: str | os.PathLike[str]) -> RunFolder:
         file = path / name
         return _read_structured(file, kind) if file.is_file() else kind()
 
-    history = structured("metrics.json", list)
+    history = structured(METRICS_JSON, list)
     bad = [i for i, r in enumerate(history) if not isinstance(r, dict)]
     if bad:
         raise ValueError(f"{path / 'metrics.json'}: record {bad[0]} is not an object")
-    steps_file = path / "steps.csv"
-    return RunFolder(path, structured("config.yaml", dict) or {}, structured("run.json", dict),
-                     structured("report.json", dict), history,
+    steps_file = path / STEPS_CSV
+    return RunFolder(path, structured(CONFIG_YAML, dict) or {}, structured(RUN_JSON, dict),
+                     structured(REPORT_JSON, dict), history,
                      _read_steps(steps_file) if steps_file.is_file() else None)
 
 

@@ -21,6 +21,8 @@ from pathlib import Path
 import numpy as np
 
 from rankopt import __version__
+from rankopt.layout import (CONFIG_YAML, FIGURES_DIR, METRICS_CSV, METRICS_JSON, REPORT_HTML, REPORT_JSON, RUN_JSON,
+                            STEPS_CSV)
 from rankopt.report.html import Raw, code, escape, figure, link, note, page, section, write_page
 from rankopt.report.loss_surrogates import surrogates_for
 from rankopt.report.run_reader import RunFolder, read_run
@@ -28,8 +30,6 @@ from rankopt.report.run_tables import column_title, metrics_section, what_was_ru
 
 __all__ = ["write_run_report"]
 
-REPORT_HTML = "report.html"
-FIGURES = "figures"
 
 
 # ---------------------------------------------------------------- figures
@@ -63,7 +63,7 @@ class _Figures:
 
     @property
     def folder(self) -> Path:
-        return self.run.path / FIGURES
+        return self.run.path / FIGURES_DIR
 
     def draw(self, name: str, plot: Callable[[Path], Path]) -> None:
         """``plot(path)``; on bad or empty data, the reason is kept and any older copy removed."""
@@ -80,7 +80,7 @@ def _note_text(run: RunFolder) -> str | None:
 
 def _figure_or_note(figs: _Figures, name: str, caption: str, missing: str) -> str:
     if (figs.folder / name).is_file():
-        return figure(f"{FIGURES}/{name}", caption)
+        return figure(f"{FIGURES_DIR}/{name}", caption)
     return note(missing + (f" ({figs.problems[name]})" if name in figs.problems else ""))
 
 
@@ -99,7 +99,7 @@ def _training_section(run: RunFolder, figs: _Figures) -> str | None:
         body.append(note("No per-step log: steps.csv is missing (run from an older rankopt, or stopped before "
                          "its first checkpoint)."))
         if (figs.folder / "training_curves.png").is_file():
-            body.append(figure(f"{FIGURES}/training_curves.png", "Loss, learning rates and metrics per evaluation "
+            body.append(figure(f"{FIGURES_DIR}/training_curves.png", "Loss, learning rates and metrics per evaluation "
                                                                    "(written by the trainer)"))
     else:
         figs.draw("loss_terms.png", lambda p: plot_loss_terms(run.steps, p, title_note=tn))
@@ -186,7 +186,7 @@ def _surrogate_section(run: RunFolder, figs: _Figures) -> str:
 
 
 def _footer(run: RunFolder) -> str:
-    files = ("report.json", "metrics.csv", "metrics.json", "steps.csv", "config.yaml", "run.json")
+    files = (REPORT_JSON, METRICS_CSV, METRICS_JSON, STEPS_CSV, CONFIG_YAML, RUN_JSON)
     items = [link(f, f) if (run.path / f).is_file() else Raw(f"{escape(f)} (absent)") for f in files]
     when = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     return Raw(f"<footer>rankopt {escape(__version__)} · page generated {when} from the run folder "
@@ -195,7 +195,7 @@ def _footer(run: RunFolder) -> str:
 
 def _update_report_json(run: RunFolder, drawn: Sequence[Path]) -> None:
     """Add the figures drawn to ``report.json``'s ``figures`` list, keeping every key (atomic write)."""
-    path = run.path / "report.json"
+    path = run.path / REPORT_JSON
     if not path.is_file():
         return
     report = dict(run.report)

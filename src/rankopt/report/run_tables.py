@@ -7,6 +7,7 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from rankopt.layout import BEST_CKPT, CHECKPOINTS_DIR
 from rankopt.report.html import Raw, code, columns, key_values, note, section, table
 from rankopt.report.run_reader import RunFolder, is_finite, metric_names
 
@@ -156,7 +157,7 @@ def metrics_section(run: RunFolder) -> str:
     if best is not None:
         metric = best_info.get("metric") or run.setting("train.best_metric")
         body.append(note(f"★ best epoch by {metric}: epoch {best}"
-                         + (" (checkpoints/best.ckpt)" if (run.path / "checkpoints" / "best.ckpt").is_file() else "")
+                         + (f" ({CHECKPOINTS_DIR}/{BEST_CKPT})" if (run.path / CHECKPOINTS_DIR / BEST_CKPT).is_file() else "")
                          + ". The last column is the model at the end of training; the best epoch is chosen on "
                          "the evaluation split, so its values are optimistic."))
     return section("Metrics", "\n".join(body), anchor="metrics",

@@ -36,7 +36,7 @@ from torch import nn
 
 from rankopt.checks import cpu_embeddings, cpu_labels
 from rankopt.engine.embed_and_score import EmbeddedSplit
-from rankopt.postprocess import Expansion, PostProcessing, alpha_query_expansion, database_augmentation
+from rankopt.postprocess import Expansion, PostProcessing
 from rankopt.search import storage
 from rankopt.search.approximate import Faiss
 from rankopt.search.backend import Backend, Exact, exact_search
@@ -143,7 +143,7 @@ class Index:
         vectors, unaugmented = split.embeddings, None
         if postprocessing is not None and postprocessing.dba is not None:
             unaugmented = vectors
-            vectors = database_augmentation(vectors, postprocessing.dba, similarity=similarity)
+            vectors = postprocessing.augment(vectors, similarity=similarity)
             record.dba = dataclasses.asdict(postprocessing.dba)
         if postprocessing is not None and postprocessing.qe is not None:
             record.qe = dataclasses.asdict(postprocessing.qe)
@@ -300,8 +300,7 @@ class Index:
         if len(self) == 0:
             raise ValueError("the index is empty")
         qe = self.query_expansion if qe is None else qe
-        if qe is not None and qe.k > 0:
-            q = alpha_query_expansion(q, self.embeddings, qe, similarity=self.similarity)
+        q = PostProcessing(qe=qe).expand_queries(q, self.embeddings, similarity=self.similarity)
         keep = None if filter is None else np.flatnonzero(self._filter_mask(filter))
         candidates = len(self) if keep is None else keep.size
         kept = min(k, candidates)
@@ -451,7 +450,8 @@ class Index:
     def _augment(self, unaugmented: torch.Tensor) -> None:
         """Every indexed vector recomputed by DBA from the model's as :meth:`from_split` does (O(N²·D))."""
         self.unaugmented = unaugmented
-        self.embeddings = database_augmentation(unaugmented, Expansion(**self.record.dba), similarity=self.similarity)
+        self.embeddings = PostProcessing(dba=Expansion(**self.record.dba)).augment(unaugmented,
+                                                                                  similarity=self.similarity)
         self.searcher.changed(self)
 
     def _require_changeable(self, what: str) -> None:

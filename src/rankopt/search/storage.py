@@ -50,6 +50,8 @@ from typing import Any
 import torch
 
 from rankopt import __version__, layout
+from rankopt.files import replaceable_folder
+from rankopt.layout import INDEX_JSON
 from rankopt.postprocess import WHITENING_KEY, Whitening, load_whitening, save_whitening
 from rankopt.search import approximate
 from rankopt.search.label_names import default_level_names
@@ -58,7 +60,6 @@ from rankopt.search.record import IndexInfo
 FORMAT = "rankopt-index"
 FORMAT_VERSION = 2
 READABLE_VERSIONS = (1, 2)
-INDEX_JSON = "index.json"
 ITEMS_JSON = "items.json"
 EMBEDDINGS = "embeddings.safetensors"
 FAISS_INDEX = "faiss.index"
@@ -278,11 +279,9 @@ def check_target(directory: str | os.PathLike[str]) -> Path:
     """``directory`` as a place an index may be written: absent, empty, or an index folder (replaced);
     a file or a non-empty folder of other things (a user's data) is refused."""
     target = Path(directory)
-    if target.exists() and not target.is_dir():
-        raise ValueError(f"index folder {str(target)!r} is a file")
-    if target.is_dir() and any(target.iterdir()) and not (target / INDEX_JSON).is_file():
-        raise ValueError(f"{str(target)!r} is a non-empty folder without {INDEX_JSON}, not a rankopt index: "
-                         "refusing to replace it; choose another --out")
+    replaceable_folder(target, ours=lambda f: (f / INDEX_JSON).is_file(), what="index folder",
+                       refusal=f"{str(target)!r} is a non-empty folder without {INDEX_JSON}, not a rankopt index: "
+                               "refusing to replace it; choose another --out")
     return target
 
 

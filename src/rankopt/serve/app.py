@@ -16,11 +16,11 @@ route                    answer
 ``GET /health``          status, item count, fingerprint, last reload (no token needed; why it failed: with
                          the token); ``HEAD`` too
 ``GET /openapi.json``    the API's description (:mod:`rankopt.serve.openapi`)
-``GET /metrics``         Prometheus text (:mod:`rankopt.serve.metrics`)
+``GET /metrics``         Prometheus text (:mod:`rankopt.serve.prometheus`)
 ``GET /``                the search page (``static/``: drop or pick an image, click a result); ``HEAD`` too
 =======================  =======================================================================
 
-Errors are ``{"error": message}`` with a 4xx status (:mod:`rankopt.serve.limits`); the service keeps
+Errors are ``{"error": message}`` with a 4xx status (:mod:`rankopt.serve.errors`); the service keeps
 serving. Every request passes :mod:`rankopt.serve.guard` first (Host rule, body limit, security headers). With
 a token every route but ``/``, ``/static``, ``/openapi.json`` and ``/health`` needs ``Authorization: Bearer TOKEN``
 (compared in constant time). CORS is off unless origins are given.
@@ -32,9 +32,8 @@ import asyncio
 import contextlib
 import hmac
 import itertools
-import os
 import time
-from collections.abc import AsyncIterator, Iterator, Sequence
+from collections.abc import AsyncIterator, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
@@ -49,11 +48,10 @@ from starlette.exceptions import HTTPException
 from rankopt import __version__
 from rankopt.serve.batcher import MicroBatcher
 from rankopt.serve.holder import IndexHolder, Snapshot
-from rankopt.serve.guard import Guard, HostRule, error_response
+from rankopt.serve.guard import Guard, error_response
 from rankopt.serve.images import OpenedUpload, open_upload
-from rankopt.serve.limits import (
-    ApiError,
-    Limits,
+from rankopt.serve.errors import ApiError
+from rankopt.serve.requests import (
     check_embed_json,
     check_filter,
     check_json_query,
@@ -62,7 +60,8 @@ from rankopt.serve.limits import (
     decode_base64,
     parse_json,
 )
-from rankopt.serve.metrics import Metrics
+from rankopt.serve.prometheus import Metrics
+from rankopt.serve.settings import Settings
 from rankopt.serve.openapi import describe_routes
 from rankopt.serve.thumbnails import ThumbnailCache
 
@@ -85,28 +84,6 @@ class Query:
     name: str
     k: int
     filter: Any
-
-
-@dataclass(frozen=True)
-class Settings:
-    """``token``: required as a bearer token when set; ``cors_origins``: origins allowed by CORS (none:
-    off); ``max_batch`` / ``max_wait_ms``: micro-batching (:class:`~rankopt.serve.batcher.MicroBatcher`);
-    ``reload_every_s``: how often the index folder's identity is polled (0: never); ``hosts``: the ``Host`` names
-    answered (:class:`~rankopt.serve.guard.HostRule`); ``threads``: intra-op threads
-    of the torch thread (transforms, forwards, searches; default: :func:`~rankopt.serve.batcher.default_threads`),
-    and of onnxruntime's forward when it runs the model; ``runtime``: what runs the forward (``auto``, ``torch``,
-    ``onnx``; :mod:`rankopt.export.runtimes`); ``workers``: threads decoding uploads and thumbnails."""
-
-    limits: Limits = Limits()
-    token: str | None = None
-    hosts: HostRule = HostRule()
-    cors_origins: Sequence[str] = ()
-    max_batch: int = 32
-    max_wait_ms: float = 2.0
-    reload_every_s: float = 1.0
-    threads: int | None = None
-    runtime: str | None = None
-    workers: int = os.cpu_count() or 1
 
 
 class Service:

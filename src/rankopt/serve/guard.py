@@ -10,19 +10,16 @@ counted in the metrics under closed labels (its route's template, its method).
 
 from __future__ import annotations
 
-import ipaddress
 import time
 from collections.abc import Iterable
-from dataclasses import dataclass
 from typing import Any
 
 from fastapi.responses import JSONResponse
 
-from rankopt.serve.limits import ApiError
-from rankopt.serve.metrics import OTHER, Metrics
+from rankopt.serve.errors import ApiError
+from rankopt.serve.prometheus import OTHER, Metrics
+from rankopt.serve.settings import HostRule
 
-LOCAL_NAMES = ("localhost", "127.0.0.1", "::1")
-WILDCARDS = frozenset({"0.0.0.0", "::", ""})
 CONTENT_SECURITY_POLICY = ("default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' blob: data:; "
                            "connect-src 'self'; form-action 'none'; frame-ancestors 'none'; base-uri 'none'")
 SECURITY_HEADERS = (
@@ -31,50 +28,6 @@ SECURITY_HEADERS = (
     (b"x-content-type-options", b"nosniff"),
     (b"referrer-policy", b"no-referrer"),
 )
-
-
-def host_name(header: str) -> str | None:
-    """The name of a ``Host`` header (``name``, ``name:port``, ``[v6]`` or ``[v6]:port``), lower-case without a
-    trailing dot; None when it is not of that form."""
-    header = header.strip().lower()
-    if header.startswith("["):
-        name, sep, rest = header[1:].partition("]")
-        return name if sep and (not rest or rest[:1] == ":" and rest[1:].isdigit()) else None
-    name, _, port = header.partition(":")
-    if port and not (port.isascii() and port.isdigit()) or not name:
-        return None
-    return name.rstrip(".")
-
-
-def _is_ip(name: str) -> bool:
-    try:
-        ipaddress.ip_address(name)
-    except ValueError:
-        return False
-    return True
-
-
-@dataclass(frozen=True)
-class HostRule:
-    """The ``Host`` names a request may give: the address the service is bound to, ``localhost``, the loopback
-    addresses and ``allowed`` names; bound to every interface (``0.0.0.0``, ``::``), any IP address too (a
-    browser sends an IP as Host only when it was asked for that address: no name was rebound). A request
-    without a ``Host`` (HTTP/1.0) is not from a browser and passes."""
-
-    bound: str = "127.0.0.1"
-    allowed: tuple[str, ...] = ()
-
-    def names(self) -> frozenset[str]:
-        bound = () if self.bound in WILDCARDS else (self.bound.strip("[]").lower(),)
-        return frozenset({*LOCAL_NAMES, *bound, *(name.lower().rstrip(".") for name in self.allowed)})
-
-    def accepts(self, header: str | None) -> bool:
-        if header is None:
-            return True
-        name = host_name(header)
-        if name is None:
-            return False
-        return name in self.names() or self.bound in WILDCARDS and _is_ip(name)
 
 
 def error_response(error: ApiError) -> JSONResponse:

@@ -1,6 +1,6 @@
 """Uploaded image bytes -> the RGB image the transform takes: :func:`decode_upload`, at a cost bounded before decoding.
 
-What it guarantees for every upload (each refusal an :class:`~rankopt.serve.limits.ApiError`):
+What it guarantees for every upload (each refusal an :class:`~rankopt.serve.errors.ApiError`):
 
 - **Only accepted formats are opened.** The format is told by the first bytes (Pillow's own ``accept`` tests) and
   only that format's plugin runs (``Image.open(..., formats=[it])``), if it is in ``Limits.formats`` and in
@@ -39,7 +39,8 @@ from PIL import Image, UnidentifiedImageError
 
 from rankopt.data.decode import DRAFT_GAP
 from rankopt.data.image_files import high_bit_top, to_rgb
-from rankopt.serve.limits import ApiError, Limits
+from rankopt.serve.errors import ApiError
+from rankopt.serve.limits import Limits
 
 CHECKABLE_FORMATS = ("JPEG", "PNG", "WEBP", "GIF", "BMP", "TIFF")
 """Formats (Pillow's names) whose decoded size this module knows before decoding; ``Limits.formats`` may name these."""

@@ -8,14 +8,13 @@ once (uvicorn answers 503 beyond).
 
 from __future__ import annotations
 
-import dataclasses
 import os
 from typing import Any
 
-from rankopt.serve.app import Settings, create_app
+from rankopt.serve.app import create_app
 from rankopt.serve.batcher import default_threads
-from rankopt.serve.guard import LOCAL_NAMES, HostRule
 from rankopt.serve.holder import IndexHolder
+from rankopt.serve.settings import LOCAL_NAMES, Settings
 
 KEEP_ALIVE_S = 5
 
@@ -73,23 +72,21 @@ def timed_protocol(request_timeout_s: float) -> type:
     return TimedH11Protocol
 
 
-def serve(index_dir: str | os.PathLike[str], *, host: str = "127.0.0.1", port: int = 8080,
-          settings: Settings | None = None, checkpoint: str | None = None, onnx: str | None = None,
-          device: str = "auto", log_level: str = "info", request_timeout_s: float = 30.0,
-          max_connections: int = 512) -> None:
-    """Serve the index folder ``index_dir`` on ``host:port`` until interrupted."""
+def serve(index_dir: str | os.PathLike[str], settings: Settings | None = None, *, checkpoint: str | None = None,
+          onnx: str | None = None, device: str = "auto", log_level: str = "info") -> None:
+    """Serve the index folder ``index_dir`` on ``settings.hosts.bound``, port ``settings.port``, until interrupted."""
     import uvicorn
 
     settings = settings or Settings()
+    host = settings.hosts.bound
     check_host(host, settings.token)
-    settings = dataclasses.replace(settings, hosts=HostRule(host, settings.hosts.allowed))  # the Host rule of `host`
     holder = IndexHolder(index_dir, checkpoint=checkpoint, onnx=onnx, device=device,
                          threads=settings.threads or default_threads(), runtime=settings.runtime)
     index = holder.current.index
     shown = f"[{host}]" if ":" in host else host
     print(f"serving {index_dir}: {len(index)} items, {index.dim}-d, {index.backend}, fingerprint {index.fingerprint}, "
-          f"queries embedded by {holder.current.embedder.active_runtime.describe()}\nopen http://{shown}:{port}/",
+          f"queries embedded by {holder.current.embedder.active_runtime.describe()}\nopen http://{shown}:{settings.port}/",
           flush=True)
-    uvicorn.run(create_app(holder, settings), host=host, port=port, log_level=log_level, access_log=False,
-                http=timed_protocol(request_timeout_s), timeout_keep_alive=KEEP_ALIVE_S,
-                limit_concurrency=max_connections)
+    uvicorn.run(create_app(holder, settings), host=host, port=settings.port, log_level=log_level, access_log=False,
+                http=timed_protocol(settings.request_timeout_s), timeout_keep_alive=KEEP_ALIVE_S,
+                limit_concurrency=settings.max_connections)

@@ -1,4 +1,4 @@
-"""Experiment trackers (rankopt.engine.loggers): MLflow's file store and W&B offline, read back after tiny runs.
+"""Experiment trackers (rankopt.engine.trackers): MLflow's file store and W&B offline, read back after tiny runs.
 
 The tests that train need the optional package (``rankopt[mlflow]``, ``rankopt[wandb]``) and skip without it.
 """
@@ -16,7 +16,7 @@ import pytest
 from test_trainer import Interrupt, tiny_config, tiny_data  # noqa: F401 - tiny_data is a fixture
 
 from rankopt.config import load_config
-from rankopt.engine.loggers import LOGGERS_JSON, ExperimentLoggers, mlflow_name
+from rankopt.engine.trackers import LOGGERS_JSON, ExperimentLoggers, mlflow_name
 from rankopt.engine.trainer import Trainer
 
 WANDB_BLOCK = 32768  # the .wandb file: LevelDB log records in 32 KiB blocks after a 7-byte header

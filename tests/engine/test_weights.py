@@ -24,7 +24,7 @@ from rankopt.engine.convert import NATIVE_IMAGE_SIZES, native_presets
 from rankopt.engine.weights import cached_checkpoint, checkpoint_from_file, pretrained_checkpoint, weights_dir
 from rankopt.models import BACKBONES
 from rankopt.models.backbones import build_backbone
-from rankopt.models.weights import RELEASES, Release, known_releases, release
+from rankopt.engine.weights import RELEASES, Release, known_releases, release
 
 
 @pytest.fixture(autouse=True)

@@ -5,7 +5,7 @@ optional package (a missing one: an error naming ``pip install 'rankopt[<extra>]
 Then it sends the resolved config as params (dotted keys), every ``steps.csv`` row under its column names
 (``loss``, ``term/...``, ``lr/...``), every ``metrics.csv`` record as ``metrics/<column>`` at the step it was
 evaluated, and at the end the report and metrics files (and ``checkpoints/best.ckpt`` with
-``output.log_checkpoints``). TensorBoard itself is written by :class:`rankopt.engine.logging.RunLogger`.
+``output.log_checkpoints``). TensorBoard itself is written by :class:`rankopt.engine.metrics_log.RunLogger`.
 
 ``RUN/loggers.json`` keeps each tracker's run id and the last step sent: a resumed run continues the same
 tracker runs and sends each step once (steps replayed after a crash, from the last checkpoint, are skipped).
@@ -24,13 +24,12 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from rankopt.config import OutputConfig
-from rankopt.nested import flatten
-from rankopt.engine.checkpoint import BEST, CHECKPOINT_DIR
-from rankopt.engine.logging import METRICS_CSV, METRICS_JSON
 from rankopt.files import write_text_atomic
+from rankopt.layout import (BEST_CKPT, CHECKPOINTS_DIR, CONFIG_YAML, FIGURES_DIR, LOGGERS_JSON, METRICS_CSV,
+                            METRICS_JSON, REPORT_HTML, REPORT_JSON, STEPS_CSV)
+from rankopt.nested import flatten
 
-LOGGERS_JSON = "loggers.json"
-ARTIFACTS = ("report.html", "figures", "report.json", METRICS_CSV, METRICS_JSON, "steps.csv", "config.yaml")
+ARTIFACTS = (REPORT_HTML, FIGURES_DIR, REPORT_JSON, METRICS_CSV, METRICS_JSON, STEPS_CSV, CONFIG_YAML)
 
 
 def require(module: str, extra: str) -> Any:
@@ -155,7 +154,7 @@ class WandbLogger:
 class ExperimentLoggers:
     """The trackers of ``output.loggers`` (none where ``enabled`` is false: a non-main DDP process).
 
-    ``tensorboard``: whether :class:`~rankopt.engine.logging.RunLogger` writes TensorBoard
+    ``tensorboard``: whether :class:`~rankopt.engine.metrics_log.RunLogger` writes TensorBoard
     (``output.tensorboard``, or ``tensorboard`` in ``output.loggers``, which then requires the package).
     """
 
@@ -209,7 +208,7 @@ class ExperimentLoggers:
         atexit.unregister(self.finish)
         if not self.loggers:
             return
-        names = ARTIFACTS + ((f"{CHECKPOINT_DIR}/{BEST}",) if self.log_checkpoints else ())
+        names = ARTIFACTS + ((f"{CHECKPOINTS_DIR}/{BEST_CKPT}",) if self.log_checkpoints else ())
         paths = [self.path.parent / name for name in names] if status == "FINISHED" else []
         for logger in self.loggers:
             for path in paths:

@@ -1,4 +1,4 @@
-"""Metrics history files and the console table (rankopt.engine.logging)."""
+"""Metrics history files and the console table (rankopt.engine.metrics_log; progress: rankopt.console)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 from rankopt.console import bars_shown, format_table, progress
-from rankopt.engine.logging import METRICS_CSV, METRICS_JSON, RunLogger
+from rankopt.engine.metrics_log import METRICS_CSV, METRICS_JSON, RunLogger
 
 
 def test_history_written_as_csv_and_json(tmp_path: Path):

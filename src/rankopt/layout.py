@@ -6,7 +6,7 @@ A training or evaluation run folder (``rankopt train``, ``rankopt evaluate --out
 :data:`RETRIEVAL_NPZ`, :data:`REPORT_HTML`, :data:`FIGURES_DIR`, :data:`CHECKPOINTS_DIR` (:data:`LAST_CKPT`,
 :data:`BEST_CKPT`), :data:`CLASSES_DIR`, :data:`LOGGERS_JSON`. A fit's run folder: :data:`FIT_JSON`,
 :data:`MODEL_CKPT`, :data:`FINE_TUNED_CKPT`, :data:`INDEX_DIR`, :data:`REPORT_HTML`, :data:`FIGURES_DIR`,
-:data:`CLASSES_DIR`, :data:`UNFINISHED`. An index folder: :data:`INDEX_JSON` and its versions' files
+:data:`CLASSES_DIR`, :data:`SKIPPED_TXT`, :data:`UNFINISHED`. An index folder: :data:`INDEX_JSON` and its versions' files
 (:mod:`rankopt.search.storage`).
 
 A fit writes ``fit.unfinished.json`` (:func:`write_unfinished`) when it starts and at each stage, and removes it
@@ -32,6 +32,8 @@ INDEX_DIR = "index"
 REPORT_HTML = "report.html"
 UNFINISHED = "fit.unfinished.json"
 CLASSES_DIR = "classes"
+SKIPPED_TXT = "skipped.txt"
+"""The photos a fit or an index build left out (unreadable), one a line: path, where it was listed, why."""
 RUN_JSON = "run.json"
 """A ``rankopt train`` run's record: such a folder is not a fit's."""
 CONFIG_YAML = "config.yaml"

@@ -100,6 +100,9 @@ def pretrained(tmp_path_factory) -> Path:
 def fitted(tmp_path_factory, pretrained) -> tuple[Path, Path, dict, list[str]]:
     root = tmp_path_factory.mktemp("fit")
     photos = photo_folder(root / "photos")
+    last = photos / f"class{CLASSES - 1}"  # a messy folder: a truncated photo and an empty file, left out and listed
+    (last / "zz_truncated.jpg").write_bytes((last / "p0.jpg").read_bytes()[:-60])  # the end of its scan cut off
+    (last / "zz_empty.jpg").write_bytes(b"")
     lines: list[str] = []
     record = fit(photos, root / "run", FitSettings(minutes=0.5, weights=str(pretrained), lrs=(1e-4, 1e-3)),
                  say=lines.append)
@@ -118,7 +121,13 @@ def test_a_fit_writes_a_run_folder_with_an_index_of_every_photo(fitted):
     assert len(kept_back) == stored["validation"]["known_queries"] > 0
     index = Index.load(run)
     assert index_folder(run) == run / "index" and len(index) == CLASSES * PER_CLASS
-    assert sorted(Path(p).name for p in index.paths) == sorted(p.name for p in photos.rglob("*.jpg"))
+    readable = sorted(p.name for p in photos.rglob("*.jpg") if not p.name.startswith("zz_"))
+    assert sorted(Path(p).name for p in index.paths) == readable
+    skipped = (run / "skipped.txt").read_text().splitlines()  # every unreadable photo listed, with why
+    assert [Path(line.split(" ")[0]).name for line in skipped] == ["zz_empty.jpg", "zz_truncated.jpg"]
+    assert "empty file" in skipped[0] and "truncated" in skipped[1].lower() and stored["skipped"] == skipped
+    assert any("2 unreadable photo(s) left out" in line for line in lines if "] check:" in line)
+    assert "2 unreadable photo(s) were left out" in (run / "report.html").read_text()
     served = next(p for p in stored["pipelines"] if p["name"] == stored["chosen"]["served_name"])
     features = next(p for p in stored["pipelines"] if p["name"] == "features")
     assert served["scores"]["known"]["metrics"]["map@r"] >= features["scores"]["known"]["metrics"]["map@r"]
@@ -194,12 +203,17 @@ def test_the_report_page_reads_and_shows_the_before_and_after(fitted, render_pag
     assert (run / "figures" / "examples.png").is_file()
 
 
-def test_bad_photos_are_refused_before_any_work_naming_each(tmp_path, pretrained):
+def test_strict_refuses_bad_photos_before_any_work_naming_each(tmp_path, pretrained):
     photos = photo_folder(tmp_path / "photos")
     (photos / "class0" / "broken.jpg").write_bytes(b"not a jpeg")
-    with pytest.raises(DatasetProblems, match="broken.jpg"):
-        fit(photos, tmp_path / "run", FitSettings(minutes=0.2, weights=str(pretrained)), say=lambda _: None)
+    (photos / "class1" / "cut.jpg").write_bytes((photos / "class1" / "p0.jpg").read_bytes()[:300])
+    with pytest.raises(DatasetProblems, match="broken.jpg") as refused:
+        fit(photos, tmp_path / "run", FitSettings(minutes=0.2, weights=str(pretrained), strict=True),
+            say=lambda _: None)
+    assert "cut.jpg" in str(refused.value) and "truncated" in str(refused.value).lower()  # every bad file, at once
     assert not (tmp_path / "run").exists()
+    dataset = read_photos(photos, None)  # by default they are left out and listed, the others kept
+    assert len(dataset) == CLASSES * PER_CLASS and len(dataset.metadata["bad_images"]) == 2
 
 
 def test_an_existing_run_folder_is_never_overwritten(tmp_path, pretrained):

@@ -26,7 +26,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="loader option (typed as config overrides), e.g. subset=vehicle for dyml, test_fraction=0.3 for "
              "image_folder",
     )
-    info.add_argument("--verify", action="store_true", help="also open every image to find unreadable files (slow)")
+    info.add_argument("--verify", action="store_true",
+                      help="also decode every image (in parallel) to find unreadable files: empty, not an image, "
+                           "truncated")
     info.add_argument("--json", action="store_true", help="machine-readable output")
     info.set_defaults(func=run_dataset_info)
 
@@ -129,10 +131,11 @@ def dataset_report(name: str, root: str | None, splits: list[str] | None, option
         published = spec.published.get(split + suffix, {} if options else spec.published.get(split, {}))
         entry: dict[str, Any] = {"published": published}
         try:
+            check = "decode" if verify else False
             try:
-                ds = build_dataset(name, root, split, on_bad_image="skip", verify_images=verify, **options)
+                ds = build_dataset(name, root, split, on_bad_image="skip", verify_images=check, **options)
             except DatasetProblems:  # a user's folder or table: count and check what is usable anyway
-                ds = build_dataset(name, root, split, on_bad_image="skip", verify_images=verify, keep_going=True,
+                ds = build_dataset(name, root, split, on_bad_image="skip", verify_images=check, keep_going=True,
                                    **options)
         except DatasetProblems as err:
             entry.update(ok=False, error=f"{len(err.problems)} problem(s), listed below")

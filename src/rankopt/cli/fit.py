@@ -46,6 +46,9 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--no-dba", dest="dba", action="store_false",
                         help="do not try database-side augmentation (tried by default: each indexed vector averaged "
                              "with its neighbours, recomputed for every item when the index changes)")
+    parser.add_argument("--strict", action="store_true",
+                        help="refuse the photos when one cannot be read, naming every bad file (by default an "
+                             "unreadable photo is left out and listed in RUN/skipped.txt)")
     parser.add_argument("--no-refit", dest="refit", action="store_false",
                         help="serve the model trained on the training classes only (by default the chosen recipe is "
                              "run again on every class, the validation ones included)")
@@ -64,5 +67,5 @@ def run(args: argparse.Namespace) -> int:
                                            seed=args.seed, device=args.device,
                                            validation_fraction=args.validation_fraction, dba=args.dba,
                                            refit=args.refit, queries=args.queries, overwrite=args.overwrite,
-                                           runtime=args.runtime))
+                                           strict=args.strict, runtime=args.runtime))
     return 0

@@ -17,11 +17,15 @@ vectors, ids and metadata in a Qdrant collection too (local mode in ``INDEX_DIR/
 from __future__ import annotations
 
 import argparse
+import os
+from pathlib import Path
 from typing import Any
 
 from rankopt.cli._model import add_model_arguments
-from rankopt.cli._threads import add_threads_argument
 from rankopt.cli._postprocess import add_postprocess_arguments
+from rankopt.cli._threads import add_threads_argument
+from rankopt.files import write_text_atomic
+from rankopt.layout import SKIPPED_TXT
 
 
 def register(subparsers: Any) -> None:
@@ -64,7 +68,7 @@ def run(args: argparse.Namespace) -> int:
         if args.faiss:
             raise ValueError("--faiss and --backend qdrant: an index is searched through one of them")
     check_target(args.out)  # before the embedding: a user's folder is never overwritten
-    gallery = source_from_args(args)
+    gallery, skipped = checked_source(args)
     place, device = sharded.start(args.device, cpu_gather=args.onnx is not None)  # torchrun: one shard per rank
     embedder = embedder_from_args(args, device=device, batch_size=args.batch_size, num_workers=args.num_workers,
                                   progress=not args.no_progress)
@@ -77,6 +81,7 @@ def run(args: argparse.Namespace) -> int:
     if args.backend == "qdrant":
         qdrant.attach(index, url=args.qdrant_url, collection=args.qdrant_collection)
     folder = index.save(args.out)
+    write_skipped(folder, skipped, replace=True)
     print(summary(index))
     print(f"embedded by {embedder.active_runtime.describe()}")
     print(f"saved {folder}")
@@ -90,6 +95,9 @@ def add_source_arguments(parser: argparse.ArgumentParser, verb: str, *, metadata
     source.add_argument("--dataset", metavar="NAME", help=f"{verb} a dataset split (with --root)")
     parser.add_argument("--root", metavar="ROOT", help="the dataset's folder (or file)")
     parser.add_argument("--split", metavar="S", help="dataset split (default: its first evaluation split)")
+    parser.add_argument("--strict", action="store_true",
+                        help=f"refuse the images when one cannot be read, naming every bad file (by default an "
+                             f"unreadable image is left out and listed in the index folder's {SKIPPED_TXT})")
     if metadata:
         parser.add_argument("--metadata", metavar="FILE", help="metadata columns keyed by image path: a .csv or "
                             ".parquet file with a 'path' column (relative paths: to the file's folder)")
@@ -105,6 +113,28 @@ def source_from_args(args: argparse.Namespace) -> Any:
 
     split = args.split or next(iter(evaluation_splits(args.dataset, args.root)), "train")
     return build_dataset(args.dataset, args.root, split)
+
+
+def checked_source(args: argparse.Namespace) -> tuple[Any, list[str]]:
+    """The images of :func:`source_from_args`, each decoded once before any embedding
+    (:func:`rankopt.data.readable.readable_images`): ``(the readable ones as a dataset, a line per one left out)``;
+    ``--strict`` refuses them all at once instead."""
+    from rankopt.data.readable import readable_images
+
+    return readable_images(source_from_args(args), strict=args.strict)
+
+
+def write_skipped(folder: str | os.PathLike[str], skipped: list[str], *, replace: bool) -> None:
+    """List the images left out in ``folder/skipped.txt`` and say so in one line: a new index's list replaces the
+    file (removed when none was left out), an addition's is appended to it."""
+    path = Path(folder) / SKIPPED_TXT
+    if not skipped:
+        if replace:
+            path.unlink(missing_ok=True)
+        return
+    earlier = "" if replace or not path.is_file() else path.read_text(encoding="utf-8")
+    write_text_atomic(path, earlier + "".join(f"{line}\n" for line in skipped))
+    print(f"left out {len(skipped)} unreadable image(s), listed in {path} (--strict: refuse instead)")
 
 
 def summary(index: Any) -> str:

@@ -57,13 +57,15 @@ def _done(index: Any, args: argparse.Namespace, change: str) -> int:
 
 
 def run_add(args: argparse.Namespace) -> int:
-    from rankopt.cli.index import source_from_args
+    from rankopt.cli.index import checked_source, write_skipped
     from rankopt.search import Index
+    from rankopt.search.storage import index_folder
 
-    images = source_from_args(args)
+    images, skipped = checked_source(args)
     with Index.editing(args.index) as index:
         before = len(index)
         index.add(images, metadata=args.metadata, model=index_embedder(index, args))
+        write_skipped(index_folder(args.index), skipped, replace=False)
     return _done(index, args, f"added {len(index) - before} item(s): ids {index.ids[before]} ... {index.ids[-1]}"
                  if len(index) > before else "added no item")
 

@@ -24,7 +24,7 @@ import torch
 from PIL import Image, UnidentifiedImageError
 
 from rankopt.data.decode import decode_image, decode_jpeg_pixels
-from rankopt.data.image_files import image_exists, pil_to_tensor, read_bytes, to_rgb
+from rankopt.data.image_files import image_exists, pil_to_tensor, read_bytes, to_rgb, undecodable
 from rankopt.data.face_alignment import ARCFACE_SIZE, align_face
 from rankopt.registries import Registry
 
@@ -303,7 +303,7 @@ class DatasetSpec:
         transform: Callable[[Image.Image], torch.Tensor] | None = None,
         *,
         on_bad_image: str = "raise",
-        verify_images: bool = True,
+        verify_images: bool | str = True,
         **kwargs: Any,
     ) -> RetrievalDataset:
         if on_bad_image not in BAD_IMAGE_POLICIES:
@@ -370,17 +370,21 @@ def split_fields(text: str, count: int, path: Path, line: int, sep: str | None =
 
 
 def _usable(
-    paths: list[str], sources: list[str], on_bad_image: str, name: str, verify: bool
+    paths: list[str], sources: list[str], on_bad_image: str, name: str, verify: bool | str
 ) -> tuple[np.ndarray, list[str]]:
-    """Keep-mask and descriptions of bad files: missing files always; with ``skip`` (and ``verify``)
-    also files Pillow cannot parse (``Image.verify``: header and structure, without full decoding)."""
+    """Keep-mask and descriptions of bad files: missing files always; with ``skip`` also files Pillow cannot parse:
+    ``verify=True`` by its header check (``Image.verify``: header and structure), ``verify="decode"`` by decoding
+    every file (:func:`~rankopt.data.image_files.undecodable`, in parallel: a truncated file is caught too)."""
     keep = np.ones(len(paths), dtype=bool)
     bad: list[str] = []
+    decoded = undecodable(paths) if on_bad_image == "skip" and verify == "decode" else {}
     for i, path in enumerate(paths):
         problem = None
-        if not image_exists(path):
+        if i in decoded:
+            problem = "missing" if not image_exists(path) else f"unreadable ({decoded[i]})"
+        elif not image_exists(path):
             problem = "missing"
-        elif on_bad_image == "skip" and verify:
+        elif on_bad_image == "skip" and verify is True:
             try:
                 with Image.open(io.BytesIO(read_bytes(path))) as img:
                     img.verify()
@@ -434,7 +438,7 @@ def finalize(
     group: tuple[str, ...],
     transform: Callable[[Image.Image], torch.Tensor] | None,
     on_bad_image: str,
-    verify_images: bool = True,
+    verify_images: bool | str = True,
 ) -> RetrievalDataset:
     """Bad-file policy on the items of ``group``, joint remapping over them, then selection of ``split``."""
     rows = np.flatnonzero(np.isin(items.splits, group))

@@ -3,12 +3,15 @@ decoded to RGB (:func:`load_image`) and turned into tensors (:func:`pil_to_tenso
 
 from __future__ import annotations
 
+import io
 import os
 import zipfile
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import torch
-from PIL import Image
+from PIL import Image, UnidentifiedImageError
 
 from rankopt.data.decode import decode_image
 
@@ -58,6 +61,42 @@ def read_bytes(path: str) -> bytes:
             return fh.read()
     archive, member = parts
     return _zip_handle(archive).read(member)
+
+
+CHECK_SIDE = 64
+"""A JPEG is decoded for the check at the 1/2 .. 1/8 scale keeping its shorter side >= this: every compressed byte
+is still read (a truncated or corrupt file fails), most of the inverse DCT is skipped."""
+
+
+def decode_problem(path: str) -> str | None:
+    """Why the image file ``path`` cannot be used, in words, or ``None``: missing or unreadable, empty, not an image
+    Pillow reads, or its data broken (decoded whole, :data:`CHECK_SIDE`: a truncated file is caught, which
+    Pillow's header check, ``Image.verify``, lets through)."""
+    try:
+        data = read_bytes(path)
+    except (OSError, KeyError) as err:
+        return f"cannot be read ({getattr(err, 'strerror', None) or err})"
+    if not data:
+        return "empty file (0 bytes)"
+    try:
+        with Image.open(io.BytesIO(data)) as img:
+            img.draft(None, (CHECK_SIDE, CHECK_SIDE))
+            img.load()
+    except UnidentifiedImageError:
+        return "not an image file Pillow can read"
+    except Exception as err:  # noqa: BLE001 - any decoder failure means a broken file
+        return f"broken image data ({err})"
+    return None
+
+
+def undecodable(paths: Sequence[str], threads: int | None = None) -> dict[int, str]:
+    """``{position: problem}`` of the ``paths`` whose :func:`decode_problem` is not ``None``, decoded on
+    ``threads`` threads (default: one per core; Pillow's decoders release the GIL)."""
+    if not paths:
+        return {}
+    with ThreadPoolExecutor(max(1, threads or os.cpu_count() or 1)) as pool:
+        problems = list(pool.map(decode_problem, paths, chunksize=64))
+    return {i: problem for i, problem in enumerate(problems) if problem is not None}
 
 
 def high_bit_top(img: Image.Image) -> float | None:

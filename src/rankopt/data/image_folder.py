@@ -33,9 +33,10 @@ raised together as :class:`~rankopt.data.base.DatasetProblems`. Nothing is writt
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import warnings
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -354,13 +355,17 @@ def images_dataset(paths: Sequence[str | os.PathLike[str]], transform: Any = Non
                             name="images", sources=files)
 
 
-def folder_dataset(folder: str | os.PathLike[str], transform: Any = None) -> RetrievalDataset:
-    """Every image under ``folder`` (sorted), labelled by its class tree as ``image_folder``'s
-    ``all`` split (every level); images directly in ``folder`` get ``-1``. When the sub-folders
-    form no class tree (images at different depths), the label is the image's own folder (one
-    level) and a warning says why."""
+def folder_dataset(folder: str | os.PathLike[str], transform: Any = None, *,
+                   exclude: Collection[str] = ()) -> RetrievalDataset:
+    """Every image under ``folder`` (sorted) but those ``exclude`` names (paths as this function lists them),
+    labelled by its class tree as ``image_folder``'s ``all`` split (every level); images directly in ``folder`` get
+    ``-1``. When the sub-folders form no class tree (images at different depths), the label is the image's own
+    folder (one level) and a warning says why."""
     root = require_root(folder, "images")
     scan = scan_folder(root)
+    if exclude:
+        left_out = set(exclude)
+        scan = dataclasses.replace(scan, images=[i for i in scan.images if str(i) not in left_out])
     if not scan.images:
         raise FileNotFoundError(f"no image ({_suffix_list()}) under folder {str(root)!r}")
     classes, depth, problems = class_tree(scan, loose_ok=True)

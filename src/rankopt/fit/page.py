@@ -17,6 +17,7 @@ from rankopt.fit.record import FitRecord
 from rankopt.fit.validation import NAMES, per_class_gain
 from rankopt.layout import FIGURES_DIR, REPORT_HTML
 from rankopt.report.html import (
+    Raw,
     figure,
     key_values,
     note,
@@ -113,6 +114,11 @@ def write_report(folder: Path, record: FitRecord, photos: Photos, embeddings: Ma
                           ("training", f"{v['train_photos']} photos of {v['train_classes']} classes"),
                           ("served", record.chosen["pipeline"]),
                           ("index", f"index/ (rankopt serve {folder})")])
+    if record.skipped:
+        shown = "; ".join(record.skipped[:3]) + (f"; and {len(record.skipped) - 3} more" if len(record.skipped) > 3
+                                                  else "")
+        summary = Raw(summary + note(f"{len(record.skipped)} unreadable photo(s) were left out (listed in "
+                                     f"skipped.txt): {shown}", warning=True))
     results = section("Every pipeline, searched as the index is", validation_table(record),
                       intro="Each row is a way to embed and search the photos. known: how well new photos of the "
                             "classes in the folder find their class; new: the same for classes the model never "

@@ -1,10 +1,11 @@
 """The photos of a fit: read and checked before any heavy work, and split for validation.
 
 ``PHOTOS`` is a class-folder tree (``image_folder``'s ``all`` split: every image, labelled by its folder) or a
-CSV in open-metric-learning's format (``csv``: every row of every split). Every image is opened first (the
-``dataset-info --verify`` checks); a missing, unreadable or empty file, an empty class, or a malformed table is
-refused with the list of every problem, before a model is loaded. The split for validation is
-:func:`rankopt.fit.validation.make_split`'s.
+CSV in open-metric-learning's format (``csv``: every row of every split). Every image is decoded first, in
+parallel (:func:`rankopt.data.image_files.undecodable`: a truncated file is caught, not only a bad header); a
+missing, empty or unreadable photo is left out and listed (``strict``: refused, with every bad file named), and an
+empty class or a malformed table is refused with the list of every problem, before a model is loaded. The split
+for validation is :func:`rankopt.fit.validation.make_split`'s.
 """
 
 from __future__ import annotations
@@ -39,9 +40,10 @@ class Photos:
         return subset(self.dataset, rows, name)
 
 
-def read_photos(source: str | os.PathLike[str], transform: Any) -> RetrievalDataset:
-    """Every photo of ``source`` (a class-folder tree or an OML CSV), each opened once to check it.
-    :class:`~rankopt.data.DatasetProblems` lists every bad file; a folder without classes is a ``ValueError``."""
+def read_photos(source: str | os.PathLike[str], transform: Any, *, strict: bool = False) -> RetrievalDataset:
+    """Every readable photo of ``source`` (a class-folder tree or an OML CSV), each decoded once to check it; the
+    others are left out and listed in ``metadata["bad_images"]`` (``strict``: :class:`~rankopt.data.DatasetProblems`
+    lists every one). A folder without classes is a ``ValueError``."""
     path = Path(source).expanduser()
     if not path.exists():
         raise FileNotFoundError(f"photos {str(path)!r} do not exist")
@@ -50,8 +52,8 @@ def read_photos(source: str | os.PathLike[str], transform: Any) -> RetrievalData
         raise ValueError(f"photos {str(path)!r}: give a folder of class folders or a .csv table")
     with warnings.catch_warnings():  # the bad files are raised below, every one named
         warnings.simplefilter("ignore", UserWarning)
-        dataset = build_dataset(name, path, "all", transform=transform, on_bad_image="skip", verify_images=True)
-    if dataset.metadata["bad_images"]:
+        dataset = build_dataset(name, path, "all", transform=transform, on_bad_image="skip", verify_images="decode")
+    if strict and dataset.metadata["bad_images"]:
         raise DatasetProblems(name, list(dataset.metadata["bad_images"]), [])
     if len(dataset) == 0:
         raise ValueError(f"no photos found under {str(path)!r}")

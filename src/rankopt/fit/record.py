@@ -5,7 +5,7 @@
 with its steps and its scores on each protocol: metrics, per class, spread over classes), ``chosen`` (the model,
 its state's source, the framing, the multi-scale, the post-processing and the served pipeline in words, why, the
 tuning's candidates), ``served`` (the served pipeline's validation metrics per protocol), ``refit``, ``settings``,
-``sizing``, ``seconds`` per stage, ``machine``.
+``sizing``, ``seconds`` per stage, ``machine``, ``skipped`` (the unreadable photos left out).
 """
 
 from __future__ import annotations
@@ -58,6 +58,8 @@ class FitRecord:
     machine: dict[str, Any]
     refit: dict[str, Any] | None = None
     seconds: dict[str, float] = field(default_factory=dict)
+    skipped: list[str] = field(default_factory=list)
+    """The unreadable photos left out: path, where it was listed, why."""
 
     def to_json(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

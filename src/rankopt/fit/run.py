@@ -95,14 +95,20 @@ def fit(photos_source: str | os.PathLike[str], out: str | os.PathLike[str], sett
     clock = Clock(settings.minutes * 60.0, say)
     seed_everything(settings.seed)
     with clock.stage("check") as stage:
-        dataset = read_photos(photos_source, None)
+        dataset = read_photos(photos_source, None, strict=settings.strict)
+        skipped = list(dataset.metadata["bad_images"])
         photos = split_photos(dataset, settings.seed, settings.validation_fraction)
-        stage["done"] = photos.split.summary()
+        stage["done"] = photos.split.summary() + (
+            f"; {len(skipped):,} unreadable photo(s) left out, listed in {folder / layout.SKIPPED_TXT} (--strict: "
+            "refuse instead)" if skipped else "")
     folder.mkdir(parents=True, exist_ok=True)
+    if skipped:
+        write_text_atomic(folder / layout.SKIPPED_TXT, "".join(f"{line}\n" for line in skipped))
     mark = lambda name: layout.write_unfinished(folder, stage=name, photos=str(photos_source), out=str(folder))
     mark("model")
     clock.on_stage = mark
-    run = FitState(settings, str(photos_source), folder, clock, resolve_device(settings.device), photos)
+    run = FitState(settings, str(photos_source), folder, clock, resolve_device(settings.device), photos,
+                   skipped=skipped)
     with tempfile.TemporaryDirectory(prefix="rankopt-fit-") as scratch:
         run.scratch = Path(scratch)
         record = _stages(run)
@@ -384,4 +390,4 @@ def _record(run: FitState, index: Index, choice: PostChoice, scales: tuple[float
                      dataclasses.asdict(run.settings), run.sizing.to_dict(),
                      {**machine_info(run.device), "runtime": run.runtime and run.runtime.to_dict()},
                      None if run.refit is None else {k: v for k, v in run.refit.items() if k != "note"},
-                     dict(run.clock.seconds))
+                     dict(run.clock.seconds), run.skipped)

@@ -40,6 +40,9 @@ class FitSettings:
     (:func:`rankopt.fit.tune.retrain`; the steps scaled by the photos added)."""
     overwrite: bool = False
     """Whether an existing run folder (a fit's, finished or not) is replaced."""
+    strict: bool = False
+    """Whether an unreadable photo refuses the fit (every one named) instead of being left out and listed in
+    ``RUN/skipped.txt``."""
     runtime: str | None = None
     """What runs the frozen forwards (framing, trunk, the index's check): ``auto``, ``torch``, ``onnx``
     (:mod:`rankopt.export.runtimes`; ``None``: ``$RANKOPT_RUNTIME``, else ``auto``)."""

@@ -31,6 +31,8 @@ class FitState:
     clock: Clock
     device: torch.device
     photos: Photos
+    skipped: list[str] = field(default_factory=list)
+    """The unreadable photos left out (``RUN/skipped.txt``)."""
     checkpoint: Path = Path()
     net: Any = None
     cfg: Any = None

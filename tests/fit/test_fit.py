@@ -216,6 +216,26 @@ def test_strict_refuses_bad_photos_before_any_work_naming_each(tmp_path, pretrai
     assert len(dataset) == CLASSES * PER_CLASS and len(dataset.metadata["bad_images"]) == 2
 
 
+def test_photo_folders_follow_imagefolder_sub_folders_included_and_empty_classes_said(tmp_path):
+    photos = photo_folder(tmp_path / "photos", classes=3, per_class=3)
+    (photos / "class0" / "sub").mkdir()
+    Image.new("RGB", (20, 20), (9, 9, 9)).save(photos / "class0" / "sub" / "nested.jpg")
+    (photos / "empty").mkdir()
+    (photos / "notes.txt").write_text("not a photo")
+    dataset = read_photos(photos, None)
+    assert len(dataset) == 3 * 3 + 1
+    names = dataset.metadata["label_names"][0]
+    assert list(names) == ["class0", "class1", "class2"]  # the empty folder is no class
+    nested = dataset.paths.index(str(photos / "class0" / "sub" / "nested.jpg"))
+    assert names[dataset.labels[nested, 0]] == "class0"  # a photo in a sub-folder belongs to its class
+    notes = " ".join(dataset.metadata["notes"])
+    assert "1 empty class folder(s) left out" in notes and "1 image(s) in sub-folders of a class folder" in notes
+    assert "non-image file" in notes
+    Image.new("RGB", (20, 20), (1, 1, 1)).save(photos / "loose.jpg")  # a photo in no class folder is refused
+    with pytest.raises(DatasetProblems, match="directly in"):
+        read_photos(photos, None)
+
+
 def test_an_existing_run_folder_is_never_overwritten(tmp_path, pretrained):
     (tmp_path / "run").mkdir()
     (tmp_path / "run" / "mine.txt").write_text("keep")

@@ -130,6 +130,32 @@ def class_tree(scan: FolderScan, *, loose_ok: bool = False) -> tuple[dict[str, l
     return classes, depth, []
 
 
+def top_folder_classes(scan: FolderScan) -> tuple[dict[str, list[Path]], list[str], list[str]]:
+    """``({class: its images}, problems, notes)`` with torchvision ``ImageFolder``'s convention: a class is a folder
+    directly in the root, and every image at any depth below it is that class's. Images directly in the root are a
+    problem (no class); empty folders are notes (an empty class folder is left out), not problems."""
+    classes: dict[str, list[Path]] = {}
+    loose = []
+    for image in scan.images:
+        parts = image.relative_to(scan.root).parts
+        if len(parts) == 1:
+            loose.append(image)
+        else:
+            classes.setdefault(parts[0], []).append(image)
+    problems = []
+    if not scan.images:
+        problems.append(f"no image ({_suffix_list()}) under {str(scan.root)!r}")
+    elif loose:
+        problems.append(f"{len(loose)} image(s) directly in {str(scan.root)!r}, in no class folder (put each in its "
+                        f"class's folder), e.g. {loose[0].name!r}")
+    empty = [f for f in scan.empty_folders if f.parent == scan.root]
+    notes = [f"{len(empty)} empty class folder(s) left out, e.g. {empty[0].name!r}"] if empty else []
+    nested = sum(1 for i in scan.images if scan.depth(i) > 1)
+    if nested:
+        notes.append(f"{nested} image(s) in sub-folders of a class folder, each counted in its class")
+    return classes, problems, notes
+
+
 def _levels(class_path: str, depth: int) -> tuple[str, ...]:
     """Raw labels of a class, finest first: ``a/b/c`` -> (``a/b/c``, ``a/b``, ``a``)."""
     parts = class_path.split("/")
@@ -266,8 +292,13 @@ def load_image_folder(
     level_names: Sequence[str] | None = None,
     class_disjoint: bool = True,
     keep_going: bool = False,
+    class_folders: str = "levels",
 ) -> Items:
     """Items of ``split`` (``train``/``test``/``validation``/``query``/``gallery``/``all``) of the tree at ``root``.
+
+    ``class_folders``: ``"levels"`` (default) reads every folder depth as a label level (all images at one depth);
+    ``"top"`` reads torchvision ``ImageFolder``'s convention (:func:`top_folder_classes`: one level, the folder
+    directly in the root, sub-folders included), for a tree without split folders.
 
     ``keep_going`` (``dataset-info``): when the tree still has class folders, its problems go to
     ``metadata["problems"]`` instead of being raised, so the counts and image checks can follow."""
@@ -280,9 +311,16 @@ def load_image_folder(
         trees, problems, notes = _from_split_folders(root, folders, class_disjoint)
     else:
         scan = scan_folder(root)
-        problems, notes = _tree_notes([scan])
-        classes, depth, found = class_tree(scan)
-        problems += found
+        if class_folders == "top":
+            classes, problems, notes = top_folder_classes(scan)
+            depth = 1
+            notes += _tree_notes([scan])[1]
+        elif class_folders == "levels":
+            problems, notes = _tree_notes([scan])
+            classes, depth, found = class_tree(scan)
+            problems += found
+        else:
+            raise ValueError(f"{NAME}: class_folders must be 'levels' or 'top', got {class_folders!r}")
         assignment = {cls: "all" for cls in classes}
         if split != "all" and classes:
             lists = {s: str(f) for s, f in (("train", train_classes), ("test", test_classes)) if f}

@@ -1,7 +1,8 @@
 """The photos of a fit: read and checked before any heavy work, and split for validation.
 
-``PHOTOS`` is a class-folder tree (``image_folder``'s ``all`` split: every image, labelled by its folder) or a
-CSV in open-metric-learning's format (``csv``: every row of every split). Every image is decoded first, in
+``PHOTOS`` is a class-folder tree (``image_folder``'s ``all`` split with torchvision ``ImageFolder``'s convention:
+a class is a folder in ``PHOTOS``, every image below it, sub-folders included, is of that class; an empty class
+folder is left out and said) or a CSV in open-metric-learning's format (``csv``: every row of every split). Every image is decoded first, in
 parallel (:func:`rankopt.data.image_files.undecodable`: a truncated file is caught, not only a bad header); a
 missing, empty or unreadable photo is left out and listed (``strict``: refused, with every bad file named), and an
 empty class or a malformed table is refused with the list of every problem, before a model is loaded. The split
@@ -52,7 +53,9 @@ def read_photos(source: str | os.PathLike[str], transform: Any, *, strict: bool 
         raise ValueError(f"photos {str(path)!r}: give a folder of class folders or a .csv table")
     with warnings.catch_warnings():  # the bad files are raised below, every one named
         warnings.simplefilter("ignore", UserWarning)
-        dataset = build_dataset(name, path, "all", transform=transform, on_bad_image="skip", verify_images="decode")
+        folders = {"class_folders": "top"} if name == "image_folder" else {}  # ImageFolder's convention
+        dataset = build_dataset(name, path, "all", transform=transform, on_bad_image="skip", verify_images="decode",
+                                **folders)
     if strict and dataset.metadata["bad_images"]:
         raise DatasetProblems(name, list(dataset.metadata["bad_images"]), [])
     if len(dataset) == 0:

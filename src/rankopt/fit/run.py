@@ -98,9 +98,10 @@ def fit(photos_source: str | os.PathLike[str], out: str | os.PathLike[str], sett
         dataset = read_photos(photos_source, None, strict=settings.strict)
         skipped = list(dataset.metadata["bad_images"])
         photos = split_photos(dataset, settings.seed, settings.validation_fraction)
-        stage["done"] = photos.split.summary() + (
-            f"; {len(skipped):,} unreadable photo(s) left out, listed in {folder / layout.SKIPPED_TXT} (--strict: "
-            "refuse instead)" if skipped else "")
+        said = [*(dataset.metadata.get("notes") or []), *([
+            f"{len(skipped):,} unreadable photo(s) left out, listed in {folder / layout.SKIPPED_TXT} (--strict: "
+            "refuse instead)"] if skipped else [])]
+        stage["done"] = "; ".join([photos.split.summary(), *said])
     folder.mkdir(parents=True, exist_ok=True)
     if skipped:
         write_text_atomic(folder / layout.SKIPPED_TXT, "".join(f"{line}\n" for line in skipped))

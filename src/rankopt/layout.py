@@ -6,8 +6,8 @@ A training or evaluation run folder (``rankopt train``, ``rankopt evaluate --out
 :data:`RETRIEVAL_NPZ`, :data:`REPORT_HTML`, :data:`FIGURES_DIR`, :data:`CHECKPOINTS_DIR` (:data:`LAST_CKPT`,
 :data:`BEST_CKPT`), :data:`CLASSES_DIR`, :data:`LOGGERS_JSON`. A fit's run folder: :data:`FIT_JSON`,
 :data:`MODEL_CKPT`, :data:`FINE_TUNED_CKPT`, :data:`INDEX_DIR`, :data:`REPORT_HTML`, :data:`FIGURES_DIR`,
-:data:`CLASSES_DIR`, :data:`SKIPPED_TXT`, :data:`UNFINISHED`. An index folder: :data:`INDEX_JSON` and its versions' files
-(:mod:`rankopt.search.storage`).
+:data:`CLASSES_DIR`, :data:`SKIPPED_TXT`, :data:`UNFINISHED`. An index folder: :data:`INDEX_JSON`, its versions'
+files (:mod:`rankopt.search.storage`) and :data:`SKIPPED_TXT`.
 
 A fit writes ``fit.unfinished.json`` (:func:`write_unfinished`) when it starts and at each stage, and removes it
 when ``fit.json`` is written: a folder holding it (or one killed before its index was written) is not served

@@ -24,8 +24,8 @@ def register(subparsers: Any) -> None:
                         help=f"time budget of the whole command (default {defaults.minutes:g})")
     parser.add_argument("--backbone", default=defaults.backbone, metavar="NAME",
                         help="pretrained release by name, fetched once into rankopt's cache (rankopt weights list; "
-                             f"default {defaults.backbone}), or a timm CNN, timm:NAME (timm and its hub, or --weights with "
-                             "a same-architecture file)")
+                             f"default {defaults.backbone}), or a timm CNN, timm:NAME (timm and its hub, or --weights "
+                             "with a same-architecture file)")
     parser.add_argument("--weights", metavar="FILE", help="start from this file instead: a rankopt checkpoint, or "
                                                           "the release file of --backbone (its sha256 is checked)")
     parser.add_argument("--seed", type=int, default=defaults.seed,

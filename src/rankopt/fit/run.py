@@ -48,7 +48,7 @@ from rankopt.fit.clock import Clock, clock_text
 from rankopt.fit.output import save_index, save_model, served_text, steps_text
 from rankopt.fit.page import write_report
 from rankopt.fit.passes import frame_and_cache, model_stage
-from rankopt.fit.photos import read_photos, split_photos
+from rankopt.fit.photos import Photos, read_photos, split_photos
 from rankopt.fit.post import PostChoice, choose_for_protocols
 from rankopt.fit.record import FitRecord, pipeline_record, split_record, tuning_record
 from rankopt.fit.scales import BUDGET_SHARE as SCALES_BUDGET_SHARE
@@ -98,10 +98,7 @@ def fit(photos_source: str | os.PathLike[str], out: str | os.PathLike[str], sett
         dataset = read_photos(photos_source, None, strict=settings.strict)
         skipped = list(dataset.metadata["bad_images"])
         photos = split_photos(dataset, settings.seed, settings.validation_fraction)
-        said = [*(dataset.metadata.get("notes") or []), *([
-            f"{len(skipped):,} unreadable photo(s) left out, listed in {folder / layout.SKIPPED_TXT} (--strict: "
-            "refuse instead)"] if skipped else [])]
-        stage["done"] = "; ".join([photos.split.summary(), *said])
+        stage["done"] = "; ".join([photos.split.summary(), *_check_notes(dataset, photos, folder)])
     folder.mkdir(parents=True, exist_ok=True)
     if skipped:
         write_text_atomic(folder / layout.SKIPPED_TXT, "".join(f"{line}\n" for line in skipped))
@@ -117,6 +114,20 @@ def fit(photos_source: str | os.PathLike[str], out: str | os.PathLike[str], sett
     clock.line(f"finished in {clock_text(clock.elapsed())} (budget {clock_text(clock.budget_s)}): "
                f"rankopt serve {folder}")
     return record.to_json()
+
+
+def _check_notes(dataset: Any, photos: Photos, folder: Path) -> list[str]:
+    """What the check says besides the split: the loader's notes (empty class folders, photos in sub-folders,
+    other files), classes with one photo, and the unreadable photos left out."""
+    notes = list(dataset.metadata.get("notes") or [])
+    single = int((np.bincount(photos.labels) == 1).sum())
+    if single:
+        notes.append(f"{single} class(es) with one photo: trained on and indexed, never a validation query")
+    skipped = dataset.metadata["bad_images"]
+    if skipped:
+        notes.append(f"{len(skipped):,} unreadable photo(s) left out, listed in {folder / layout.SKIPPED_TXT} "
+                     "(--strict: refuse instead)")
+    return notes
 
 
 def _stages(run: FitState) -> FitRecord:

@@ -85,7 +85,8 @@ def serve(index_dir: str | os.PathLike[str], settings: Settings | None = None, *
     index = holder.current.index
     shown = f"[{host}]" if ":" in host else host
     print(f"serving {index_dir}: {len(index)} items, {index.dim}-d, {index.backend}, fingerprint {index.fingerprint}, "
-          f"queries embedded by {holder.current.embedder.active_runtime.describe()}\nopen http://{shown}:{settings.port}/",
+          f"queries embedded by {holder.current.embedder.active_runtime.describe()}\n"
+          f"open http://{shown}:{settings.port}/",
           flush=True)
     uvicorn.run(create_app(holder, settings), host=host, port=settings.port, log_level=log_level, access_log=False,
                 http=timed_protocol(settings.request_timeout_s), timeout_keep_alive=KEEP_ALIVE_S,

@@ -192,6 +192,12 @@ def test_the_served_pipeline_follows_the_searches_the_person_states():
     assert served is features_post  # no fine-tuned pipeline beats the features on new classes
     served, why = choose_served(every, NEW, (KNOWN,))  # no open-set validation: chosen on known, and said
     assert served is tuned_post and "too few classes" in why[0]
+    level = pipeline("fine-tuned", NEW, 0.8998, 0.76, spread=0.01)  # level with `tuned` on known, better on new
+    served, why = choose_served([*every, level], "both", (KNOWN, NEW))
+    assert served is level and why[-1].startswith("fine-tuned + post-processing for new queries is served instead")
+    assert choose_served([*every, level], KNOWN, (KNOWN, NEW))[0] is tuned_post  # known alone: no such trade
+    below = pipeline("fine-tuned", NEW, 0.85, 0.76)  # better on new but clearly below on known: not level
+    assert choose_served([*every, below], "both", (KNOWN, NEW))[0] is tuned
     noisy = pipeline("fine-tuned", None, 0.555, 0.70, spread=0.2)  # +0.005 with a spread of 0.2: luck
     served, why = choose_served([features, features_post, noisy], KNOWN, (KNOWN, NEW))
     assert served is features_post and "untrained pipeline is served" in why[-1]

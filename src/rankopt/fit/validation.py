@@ -265,7 +265,9 @@ def choose_served(pipelines: Sequence[Pipeline], queries: str, protocols: Sequen
     On the protocol chosen by (``known`` for ``both``; ``known`` alone where the split has no open-set queries), the
     best untrained pipeline is the reference; the best fine-tuned pipeline replaces it when its gain per class is
     clear (:func:`per_class_gain`). With ``both``, a pipeline is eligible only when its open-set gain over the best
-    untrained open-set pipeline is not below ``−MIN_GAIN_SE`` standard errors."""
+    untrained open-set pipeline is not below ``−NOT_WORSE_SE`` standard errors, and among the fine-tuned pipelines
+    level with the best on known classes (:func:`_level_with`), the best on new classes is served: a known-class
+    difference validation cannot see never costs the new classes."""
     why: list[str] = []
     by = KNOWN if queries in (KNOWN, "both") or NEW not in protocols else NEW
     if queries == NEW and NEW not in protocols:
@@ -291,6 +293,24 @@ def choose_served(pipelines: Sequence[Pipeline], queries: str, protocols: Sequen
     challenger = _best(trained, by)
     mean, se, clear = per_class_gain(reference.scores[by].by_class, challenger.scores[by].by_class)
     said = f"{challenger.name} against {reference.name}: {_gain_text(mean, se, len(reference.scores[by].by_class), by)}"
-    if clear:
-        return challenger, why + [f"{said}: the fine-tuned pipeline is served"]
-    return reference, why + [f"{said}, not more than {MIN_GAIN_SE:g} standard error: the untrained pipeline is served"]
+    if not clear:
+        return reference, why + [f"{said}, not more than {MIN_GAIN_SE:g} standard error: the untrained pipeline is "
+                                 "served"]
+    why.append(f"{said}: the fine-tuned pipeline is served")
+    if queries == "both" and NEW in protocols:
+        level = [p for p in trained if p is challenger or _level_with(challenger, p, by)]
+        served = _best(level, NEW)
+        if served is not challenger:
+            mean, se, _ = per_class_gain(challenger.scores[by].by_class, served.scores[by].by_class)
+            why.append(f"{served.name} is served instead: level with it on {NAMES[by]} "
+                       f"({_gain_text(mean, se, len(served.scores[by].by_class), by)}) and better on {NAMES[NEW]} "
+                       f"({served.scores[NEW].value:.4f} against {challenger.scores[NEW].value:.4f})")
+            return served, why
+    return challenger, why
+
+
+def _level_with(best: Pipeline, other: Pipeline, protocol: str) -> bool:
+    """Whether ``other`` cannot be told below ``best`` on ``protocol``: its gain per class over it is at least
+    ``−MIN_GAIN_SE`` standard errors (:func:`per_class_gain`)."""
+    mean, se, _ = per_class_gain(best.scores[protocol].by_class, other.scores[protocol].by_class)
+    return math.isfinite(se) and mean >= -MIN_GAIN_SE * se

@@ -271,5 +271,6 @@ def test_a_missing_onnxruntime_is_a_one_line_install_hint(tmp_path, monkeypatch,
     monkeypatch.setitem(sys.modules, "onnxruntime", None)  # import onnxruntime -> ImportError
     with pytest.raises(ImportError, match=r"pip install 'rankopt\[onnx\]'"):
         OnnxNet(tmp_path / "m.onnx")
-    assert main(["index", "--onnx", str(tmp_path / "m.onnx"), "--images", str(tmp_path), "--out", str(tmp_path / "i")]) == 1
+    photos = class_tree(tmp_path / "photos")  # the photos are checked first: the model's runtime is what fails
+    assert main(["index", "--onnx", str(tmp_path / "m.onnx"), "--images", str(photos), "--out", str(tmp_path / "i")]) == 1
     assert "needs onnxruntime: pip install 'rankopt[onnx]'" in capsys.readouterr().err

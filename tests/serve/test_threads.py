@@ -37,7 +37,7 @@ def test_bad_thread_counts_are_refused(command: str, value: str, capsys: pytest.
 
 def test_serve_gives_the_threads_to_its_settings(served: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     seen = []
-    monkeypatch.setattr("rankopt.serve.server.serve", lambda *args, settings, **kwargs: seen.append(settings.threads))
+    monkeypatch.setattr("rankopt.serve.server.serve", lambda index, settings, **kwargs: seen.append(settings.threads))
     assert main(["serve", str(served / "idx"), "--threads", "3"]) == 0
     assert main(["serve", str(served / "idx")]) == 0
     assert seen == [3, None]

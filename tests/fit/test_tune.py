@@ -155,3 +155,42 @@ def test_each_protocol_keeps_its_own_best_state():
     assert result.best["known"].state is not None and result.best["new"].state is not None
     assert any(not torch.equal(result.best["known"].state[k], result.best["new"].state[k])
                for k in result.best["known"].state)
+
+
+def test_after_the_first_rung_only_the_leaders_of_some_protocol_train_on(monkeypatch):
+    """Three candidates: the largest rate leads on known, the smallest on new, the middle one on neither; after half
+    its share each, only the two leaders train on (successive halving), each for the rest of its share."""
+    monkeypatch.setattr(tune_module, "CHECK_EVERY_S", 0.0)
+    monkeypatch.setattr(tune_module, "GRID_EXTENSIONS", 0)
+    step_s = 0.005
+    monkeypatch.setattr(tune_module, "_train_step", lambda *args: (time.sleep(step_s), 0.0)[1])
+    tail, cache, labels, _ = _linear_tail_setup()
+    train_rows = np.arange(24)
+    rank = {1e-4: (0.0, 2.0), 1e-3: (1.0, 1.0), 1e-2: (2.0, 0.0)}  # lr: (known, new), each rising with its steps
+    current: list = []
+
+    def validate():
+        if not current:  # the pretrained state
+            return {"known": {"map@r": -1.0, "recall@1": 0.0}, "new": {"map@r": -1.0, "recall@1": 0.0}}
+        trial = current[0]
+        known_value, new_value = rank[trial.candidate.lr]
+        grow = trial.steps * 1e-6
+        return {"known": {"map@r": known_value + grow, "recall@1": 0.0},
+                "new": {"map@r": new_value + grow, "recall@1": 0.0}}
+
+    original_run = tune_module._Tuning.run
+
+    def run(self, trial, share, keep=lambda: 0.0):
+        current[:] = [trial]
+        original_run(self, trial, share, keep)
+
+    monkeypatch.setattr(tune_module._Tuning, "run", run)
+    lines: list[str] = []
+    result = tune(tail, cache, train_rows, labels[train_rows], validate,
+                  [Candidate("sup_ap", lr) for lr in (1e-4, 1e-3, 1e-2)], seconds=3.0,
+                  clock=Clock(100, say=lines.append), primary="known", batch_size=16, m=4)
+    steps = {t.candidate.lr: t.steps for t in result.trials}
+    assert steps[1e-3] > 0 and steps[1e-4] > 1.6 * steps[1e-3] and steps[1e-2] > 1.6 * steps[1e-3], steps
+    assert result.best["known"].candidate.lr == 1e-2 and result.best["new"].candidate.lr == 1e-4
+    assert any("left out (leading no protocol): sup_ap lr 0.001" in line for line in lines), lines
+    assert tune_module.protocol_leaders(result.trials, ["known"]) == [result.trials[2]]

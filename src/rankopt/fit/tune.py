@@ -2,7 +2,9 @@
 
 Candidates (a rank loss and a learning rate each) first train one after the other for equal shares of the time
 (:data:`FIRST_ROUND_SHARE` of it in all), each scored on validation every :data:`CHECK_EVERY_S` at
-most. When the best one's learning rate is an end of the grid, one step beyond it is tried for the same share (at
+most. The first round is run in two rungs (successive halving, Jamieson & Talwalkar 2016): every candidate trains
+for :data:`FIRST_RUNG` of its share, then only the candidates that lead some validation protocol train for the
+rest of theirs; the time of the others goes to the winner's continuation. When the best one's learning rate is an end of the grid, one step beyond it is tried for the same share (at
 most :data:`GRID_EXTENSIONS` times), so that the choice is bracketed, even where it spends the time kept for retraining
 the winner (measured: keeping that time first left out the extension that won every Extended Yale B fit, and lost
 0.036 mAP@R there, ``benchmarks/results/fit_refit_reserve.md``); the best one then trains on for the rest. A
@@ -41,6 +43,10 @@ MAX_EPOCHS = 200
 """Most passes over the training photos one candidate makes, a backstop: :data:`PATIENCE` ends a candidate's
 training first, once validation stops improving."""
 FIRST_ROUND_SHARE = 0.6
+FIRST_RUNG = 0.5
+"""The part of its first-round share every candidate trains for before the candidates that lead no validation
+protocol are left out (measured on the fits of ``benchmarks/results/fit_queries.md``: the leader of each protocol
+at half the share was the leader, or within 0.003 mAP@R of it, at the full share in all 12 fits)."""
 EVALUATIONS_PER_SHARE = 4
 CHECK_EVERY_S = 15.0
 """Longest time between two validation scores of a training candidate."""
@@ -75,6 +81,8 @@ class Trial:
     optimizer_state: dict[str, Any] | None = None
     steps: int = 0
     history: list[tuple[int, Scored]] = field(default_factory=list)
+    stopped: bool = False
+    """Ended by :data:`PATIENCE` on its last run."""
 
     def best(self, protocol: str) -> float:
         return max((m[protocol][SELECT_ON] for _, m in self.history), default=float("-inf"))
@@ -217,6 +225,7 @@ class _Tuning:
                 next_check = time.monotonic() + check_every
         trial.state = trainable_state(tail)
         trial.optimizer_state = optimizer.state_dict()
+        trial.stopped = stale >= PATIENCE
 
     def score(self, trial: Trial) -> None:
         """Validate the tail's state; it becomes the best state of every protocol it beats."""
@@ -245,6 +254,12 @@ class _Tuning:
         return TuneResult(self.best, self.primary, trials, self.pretrained, self.start_state, step_s)
 
 
+def protocol_leaders(trials: Sequence[Trial], protocols: Sequence[str]) -> list[Trial]:
+    """The trials with the best validation score on at least one of ``protocols``, in their order."""
+    leaders = {id(max(trials, key=lambda t: t.best(p))) for p in protocols}
+    return [t for t in trials if id(t) in leaders]
+
+
 def tune(tail: nn.Module, cache: TrunkCache, train_rows: np.ndarray, train_labels: np.ndarray,
          validate: Callable[[], Scored], candidates: Sequence[Candidate], *, seconds: float, clock: Clock,
          primary: str = "known", batch_size: int = 64, m: int = 4, seed: int = 0,
@@ -261,9 +276,19 @@ def tune(tail: nn.Module, cache: TrunkCache, train_rows: np.ndarray, train_label
     began = time.monotonic()
     share = FIRST_ROUND_SHARE if len(trials) > 1 else 1.0
     each = seconds * share / len(trials)
+    rung = FIRST_RUNG if len(trials) > 1 else 1.0
     for trial in trials:
-        tuning.run(trial, each)
+        tuning.run(trial, each * rung)
         clock.line(f"  {trial.summary(primary)} (pretrained {pretrained:.4f})")
+    if rung < 1.0:
+        kept = protocol_leaders(trials, list(tuning.best))
+        for trial in kept:
+            if not trial.stopped:
+                tuning.run(trial, each * (1.0 - rung))
+        dropped = [t.candidate.describe() for t in trials if all(t is not k for k in kept)]
+        clock.line(f"  after {rung:.0%} of its share each, trained on: "
+                   f"{', '.join(t.summary(primary) for t in kept)}"
+                   + (f"; left out (leading no protocol): {', '.join(dropped)}" if dropped else ""))
     left = lambda: seconds - (time.monotonic() - began)
     if len(trials) > 1:
         leader = max(trials, key=lambda t: t.best(primary))

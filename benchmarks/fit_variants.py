@@ -103,8 +103,8 @@ class CroppedCache(TrunkCache):
 
     crop = 0
 
-    def features(self, index: np.ndarray, mirror: np.ndarray | None = None) -> torch.Tensor:
-        out = super().features(index, mirror)
+    def outputs(self, index: np.ndarray, mirror: np.ndarray | None = None) -> torch.Tensor:
+        out = super().outputs(index, mirror)
         if mirror is None or not self.crop:
             return out
         side = int(np.random.randint(self.crop, out.shape[-1] + 1))
@@ -140,7 +140,7 @@ def post_pipelines(tail, cache: TrunkCache, pretrained: dict, chosen: dict, labe
         x = {split: embed_cached(tail, cache, index) for split, index in rows.items()}
         for suffix, ks in (("", EXPANSION_KS), (" wide", WIDE_KS)):
             choice = choose_postprocessing(x["train"], labels[rows["train"]], x["val"], labels[rows["val"]], ks=ks)
-            steps = choice.steps(choice.fitted)
+            steps = choice.steps(choice.fitted_whitening)
             out[f"{model}+pp{suffix}"] = score_self_retrieval(x["test"], labels[rows["test"]], steps)[SELECT_ON]
             out[f"{model}+pp{suffix} steps"] = choice.describe()
             if not suffix:

@@ -128,7 +128,7 @@ def test_retraining_repeats_the_chosen_recipe_from_the_pretrained_state():
 def test_only_photos_with_a_mirrored_copy_are_mirrored():
     centre = torch.arange(4 * 6, dtype=torch.float32).view(4, 6)
     cache = TrunkCache(centre, (1, 2, 3), mirrored=-centre[[1, 3]], rows=np.array([1, 3]))
-    out = cache.features(np.array([0, 1, 2, 3]), np.array([True, True, True, False])).view(4, -1)
+    out = cache.outputs(np.array([0, 1, 2, 3]), np.array([True, True, True, False])).view(4, -1)
     assert torch.equal(out, torch.stack([centre[0], -centre[1], centre[2], centre[3]]))
 
 

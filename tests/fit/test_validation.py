@@ -125,18 +125,18 @@ def test_post_processing_is_chosen_per_protocol_with_the_scores_of_its_own_steps
     assert set(choices) == {KNOWN, NEW, BOTH}
     for protocol in (KNOWN, NEW):
         choice = choices[protocol]
-        assert choice.metrics["map@r"] == pytest.approx(score(x, split, protocol, choice.steps(choice.fitted)).value)
+        assert choice.metrics["map@r"] == pytest.approx(score(x, split, protocol, choice.steps(choice.fitted_whitening)).value)
         assert choice.metrics["map@r"] >= score(x, split, protocol).value  # a step is kept only when it helps
         assert choice.tried[0][0] == "none"
     # both: the best on known among the steps not below the features' best on new classes beyond the noise
-    floor = max((score(x, split, NEW), score(x, split, NEW, choices[NEW].steps(choices[NEW].fitted))),
+    floor = max((score(x, split, NEW), score(x, split, NEW, choices[NEW].steps(choices[NEW].fitted_whitening))),
                 key=lambda s: s.value)
-    both = score_all(x, split, choices[BOTH].steps(choices[BOTH].fitted))
+    both = score_all(x, split, choices[BOTH].steps(choices[BOTH].fitted_whitening))
     assert admissible(floor, both[NEW])[0] and choices[BOTH].metrics["map@r"] == pytest.approx(both[KNOWN].value)
     assert choices[BOTH].metrics["map@r"] <= choices[KNOWN].metrics["map@r"] + 1e-12
     # whole pipelines are compared: no admissible candidate among the protocols' own choices (or no steps) is better
     for other in (PostChoice(None, None, None, {}, []), choices[KNOWN], choices[NEW]):
-        scores = score_all(x, split, other.steps(other.fitted))
+        scores = score_all(x, split, other.steps(other.fitted_whitening))
         if admissible(floor, scores[NEW])[0]:
             assert choices[BOTH].metrics["map@r"] >= scores[KNOWN].value - 1e-12
     strict = choose_for_protocols(x, split, floor=Scores(floor.metrics, {c: {"map@r": 2.0} for c in floor.by_class}))

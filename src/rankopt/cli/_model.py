@@ -8,6 +8,7 @@ import argparse
 from typing import TYPE_CHECKING, Any
 
 from rankopt.cli._threads import TORCH_THREADS, add_runtime_argument, add_threads_argument, apply_threads
+from rankopt.search.settings import EMBED
 
 if TYPE_CHECKING:
     from rankopt.engine.inference import Inference
@@ -21,6 +22,11 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
                         help="embed with this ONNX export (rankopt export) through onnxruntime instead of a "
                              "checkpoint (same fingerprint as its checkpoint)")
     add_runtime_argument(parser)
+
+
+def add_device_argument(parser: argparse.ArgumentParser) -> None:
+    """``--device`` (:attr:`rankopt.search.settings.EmbedSettings.device`)."""
+    parser.add_argument("--device", default=EMBED.device, help=f"cpu, cuda, cuda:1, ... (default: {EMBED.device})")
 
 
 def embedder_from_args(args: argparse.Namespace, **options: Any) -> Any:
@@ -48,11 +54,12 @@ def add_index_model_options(parser: argparse.ArgumentParser, *, batches: bool = 
     model = parser.add_mutually_exclusive_group()
     model.add_argument("--checkpoint", metavar="CKPT", help="the model (default: the index's checkpoint)")
     model.add_argument("--onnx", metavar="MODEL.onnx", help="embed with this ONNX export instead (rankopt export)")
-    parser.add_argument("--device", default="auto", help="cpu, cuda, cuda:1, ... (default: auto)")
+    add_device_argument(parser)
     add_runtime_argument(parser)
     add_threads_argument(parser, threads_default)
     if batches:
-        parser.add_argument("--batch-size", type=int, default=256, metavar="B", help="embedding batch size (256)")
+        parser.add_argument("--batch-size", type=int, default=EMBED.batch_size, metavar="B",
+                            help=f"embedding batch size ({EMBED.batch_size})")
         parser.add_argument("--no-progress", action="store_true", help="hide progress bars")
 
 
@@ -81,8 +88,8 @@ def add_model_data_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--transform", metavar="PRESET", help="test transform preset (default: the checkpoint's)")
     parser.add_argument("--image-size", metavar="S|HxW", help="test image size (default: the checkpoint's)")
     parser.add_argument("--batch-size", type=int, default=None, metavar="B", help="embedding batch size")
-    parser.add_argument("--num-workers", type=int, default=0, metavar="W", help="DataLoader workers")
-    parser.add_argument("--device", default="auto", help="cpu, cuda, cuda:1, ... (default: auto)")
+    parser.add_argument("--num-workers", type=int, default=EMBED.num_workers, metavar="W", help="DataLoader workers")
+    add_device_argument(parser)
     parser.add_argument("--no-progress", action="store_true", help="hide progress bars")
     add_runtime_argument(parser)
     add_threads_argument(parser)

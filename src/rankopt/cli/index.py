@@ -21,11 +21,12 @@ import os
 from pathlib import Path
 from typing import Any
 
-from rankopt.cli._model import add_model_arguments
+from rankopt.cli._model import add_device_argument, add_model_arguments
 from rankopt.cli._postprocess import add_postprocess_arguments
 from rankopt.cli._threads import add_threads_argument
 from rankopt.files import write_text_atomic
 from rankopt.layout import SKIPPED_TXT
+from rankopt.search.settings import BACKENDS, EMBED, INDEX, SIMILARITIES
 
 
 def register(subparsers: Any) -> None:
@@ -36,19 +37,21 @@ def register(subparsers: Any) -> None:
     add_model_arguments(parser)
     add_source_arguments(parser, "index")
     parser.add_argument("--out", required=True, metavar="INDEX_DIR", help="index folder to write (replaced atomically)")
-    parser.add_argument("--similarity", choices=("cosine", "dot", "neg_l2"), default="cosine",
-                        help="similarity of the search (default: cosine)")
+    parser.add_argument("--similarity", choices=SIMILARITIES, default=INDEX.similarity,
+                        help=f"similarity of the search (default: {INDEX.similarity})")
     parser.add_argument("--faiss", metavar="SPEC",
                         help="faiss factory string, e.g. HNSW32 or IVF1024,PQ32 (default: exact)")
     parser.add_argument("--faiss-params", metavar="P", help="faiss search parameters, e.g. nprobe=32 or efSearch=128")
-    parser.add_argument("--backend", choices=("exact", "qdrant"), default="exact",
-                        help="qdrant: also keep a Qdrant collection, searched by search/serve (default: exact)")
+    parser.add_argument("--backend", choices=BACKENDS, default=INDEX.backend,
+                        help=f"qdrant: also keep a Qdrant collection, searched by search/serve (default: "
+                             f"{INDEX.backend})")
     parser.add_argument("--qdrant-url", metavar="URL", help="a Qdrant server or cluster (default: local mode in "
                                                             "INDEX_DIR/qdrant)")
     parser.add_argument("--qdrant-collection", metavar="NAME", help="the Qdrant collection (default: rankopt)")
-    parser.add_argument("--batch-size", type=int, default=256, metavar="B", help="embedding batch size (256)")
-    parser.add_argument("--device", default="auto", help="cpu, cuda, cuda:1, ... (default: auto)")
-    parser.add_argument("--num-workers", type=int, default=0, metavar="W", help="DataLoader workers")
+    parser.add_argument("--batch-size", type=int, default=EMBED.batch_size, metavar="B",
+                        help=f"embedding batch size ({EMBED.batch_size})")
+    add_device_argument(parser)
+    parser.add_argument("--num-workers", type=int, default=EMBED.num_workers, metavar="W", help="DataLoader workers")
     parser.add_argument("--no-progress", action="store_true", help="hide progress bars")
     add_threads_argument(parser)
     add_postprocess_arguments(parser, query_side=False, gallery_side=True)

@@ -11,7 +11,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import torch
-from PIL import Image, UnidentifiedImageError
+from PIL import Image, ImageOps, UnidentifiedImageError
 
 from rankopt.data.decode import decode_image
 
@@ -82,11 +82,45 @@ def decode_problem(path: str) -> str | None:
         with Image.open(io.BytesIO(data)) as img:
             img.draft(None, (CHECK_SIDE, CHECK_SIDE))
             img.load()
+            _HASHES[_hash_key(path)] = difference_hash(img)
     except UnidentifiedImageError:
         return "not an image file Pillow can read"
     except Exception as err:  # noqa: BLE001 - any decoder failure means a broken file
         return f"broken image data ({err})"
     return None
+
+
+def difference_hash(img: Image.Image) -> int:
+    """The 64-bit difference hash of ``img`` (Krawetz's dHash): grey, EXIF orientation applied, resized to 9×8;
+    bit ``8r + c`` set where pixel ``(r, c)`` is brighter than ``(r, c + 1)``. Copies, re-encodings and resized
+    versions of a photo differ in a few bits, unrelated photos in about half (measured:
+    ``benchmarks/results/near_duplicates.md``)."""
+    grey = to_rgb(ImageOps.exif_transpose(img), high_bit_top(img)).convert("L").resize((9, 8), Image.BILINEAR)
+    pixels = np.asarray(grey, dtype=np.int16)
+    bits = (pixels[:, :-1] > pixels[:, 1:]).ravel()
+    return int(np.packbits(bits).view(">u8")[0])
+
+
+_HASHES: dict[tuple, int] = {}
+"""Each image's :func:`difference_hash`, remembered by :func:`decode_problem` (keyed by path, size and time of last
+change), so that :func:`image_hash` needs no second decode of a checked folder."""
+
+
+def _hash_key(path: str) -> tuple:
+    try:
+        stat = os.stat(path)
+    except OSError:  # a zip member: its archive's entry
+        return (path,)
+    return path, stat.st_size, stat.st_mtime_ns
+
+
+def image_hash(path: str) -> int | None:
+    """The :func:`difference_hash` of the image file ``path`` (remembered from its decode check, else decoded at
+    :data:`CHECK_SIDE`); ``None`` when it cannot be decoded."""
+    key = _hash_key(path)
+    if key not in _HASHES and decode_problem(path) is not None:
+        return None
+    return _HASHES.get(key)
 
 
 def undecodable(paths: Sequence[str], threads: int | None = None) -> dict[int, str]:

@@ -51,7 +51,7 @@ def save_index(folder: Path, model_path: Path, photos: Photos, embeddings: torch
                                         progress=False)  # a few photos: the parity check
     whitening = None
     if choice.whitening is not None:
-        whitening = choice.whitening.fit(embeddings, photos.labels, "every photo of the fit") or choice.fitted
+        whitening = choice.whitening.fit(embeddings, photos.labels, "every photo of the fit") or choice.fitted_whitening
         whitening = dataclasses.replace(whitening, model_fingerprint=embedder.fingerprint, scales=scales)
     post = dataclasses.replace(choice.steps(whitening), scales=scales)
     embedder = embedder.with_postprocessing(post)

@@ -127,3 +127,44 @@ def write_report(folder: Path, record: FitRecord, photos: Photos, embeddings: Ma
                                 section("Time per stage", timing)],
                 subtitle=f"{record.photos} on {record.machine.get('device', '')}")
     return write_page(folder / REPORT_HTML, html)
+
+
+def _flat_examples(folder: Path, index: Any) -> Path | None:
+    """A few photos of the folder searched in its index as ``rankopt serve`` answers them (the photo itself left
+    out of its results); grey frames: a flat folder has no classes to judge a result by."""
+    paths = list(index.paths)
+    if len(paths) < 2:
+        return None
+    picks = np.linspace(0, len(paths) - 1, min(EXAMPLE_QUERIES, len(paths))).astype(int)
+    k = min(EXAMPLE_K, len(paths) - 1)
+    found = index.search([paths[p] for p in picks], k=k + 1)
+    rows, scores = [], []
+    for q, p in enumerate(picks):
+        kept = [i for i, path in enumerate(found.paths[q]) if path is not None and path != paths[p]][:k]
+        rows.append([found.paths[q][i] for i in kept])
+        scores.append([float(found.scores[q, i]) for i in kept])
+    if any(len(r) < k for r in rows):
+        return None
+    group = GroupNeighbours("served index", rows, np.zeros((len(picks), k), dtype=int), np.asarray(scores))
+    return plot_retrieval_rows(folder / FIGURES_DIR / "examples.png", [paths[p] for p in picks], [group],
+                               num_levels=0, title_note="photos of the folder searched in its index")
+
+
+def write_flat_report(folder: Path, record: FitRecord, index: Any) -> Path:
+    """``folder/report.html`` of a flat folder's fit (:mod:`rankopt.fit.flat`): what was served and why, a few
+    photos searched in the index, the time per stage."""
+    summary = key_values([("photos", f"{record.photos} ({len(index):,} photos, no class folders)"),
+                          ("backbone", f"{record.backbone} ({record.weights})"),
+                          ("served", record.chosen["pipeline"]),
+                          ("index", f"index/ (rankopt serve {folder})")])
+    if record.skipped:
+        summary = Raw(summary + note(f"{len(record.skipped)} unreadable photo(s) were left out (listed in "
+                                     "skipped.txt)", warning=True))
+    chosen = section("What was served and why", "\n".join(note(line) for line in record.chosen["why"]))
+    examples = _flat_examples(folder, index)
+    pictures = [] if examples is None else [section("Searches in the index", figure(
+        "figures/examples.png", "a few photos of the folder and their top results (the photo itself left out)"))]
+    timing = table(["stage", "seconds"], [[k, s] for k, s in record.seconds.items()], digits=1)
+    html = page("rankopt fit", [section("Summary", summary), chosen, *pictures, section("Time per stage", timing)],
+                subtitle=f"{record.photos} on {record.machine.get('device', '')}")
+    return write_page(folder / REPORT_HTML, html)

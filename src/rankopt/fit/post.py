@@ -93,11 +93,12 @@ class PostChoice:
     qe: Expansion | None
     metrics: dict[str, float]
     tried: list[tuple[str, float]]
-    fitted: Whitening | None = None
+    fitted_whitening: Whitening | None = None
     """The chosen whitening as fitted on the training classes (kept if a refit on more photos is not stable)."""
 
     def steps(self, whitening: Whitening | None) -> PostProcessing:
-        """The :class:`PostProcessing` with ``whitening`` (the fitted :attr:`whitening`)."""
+        """The :class:`PostProcessing` with ``whitening`` (:attr:`whitening` fitted, e.g.
+        :attr:`fitted_whitening`)."""
         return PostProcessing(None, whitening, self.dba, self.qe)
 
     def to_dict(self) -> dict[str, object]:
@@ -178,7 +179,7 @@ def choose_postprocessing(train_x: torch.Tensor, train_labels: np.ndarray, val_x
     choice = choose_steps(train_x, train_labels,
                           lambda post: score_self_retrieval(val_x, val_labels, post)[SELECT_ON],  # type: ignore[index]
                           dba=dba, ks=ks)
-    choice.metrics = score_self_retrieval(val_x, val_labels, choice.steps(choice.fitted))  # type: ignore[assignment]
+    choice.metrics = score_self_retrieval(val_x, val_labels, choice.steps(choice.fitted_whitening))  # type: ignore[assignment]
     return choice
 
 
@@ -196,13 +197,13 @@ def choose_for_protocols(x: torch.Tensor, split: ValidationSplit, *, dba: bool =
     for protocol in split.protocols:
         choice = choose_steps(train_x, train_labels,
                               lambda post, p=protocol: validation.score(x, split, p, post).value, dba=dba, ks=ks)
-        choice.metrics = validation.score(x, split, protocol, choice.steps(choice.fitted)).metrics
+        choice.metrics = validation.score(x, split, protocol, choice.steps(choice.fitted_whitening)).metrics
         choices[protocol] = choice
     if NEW not in split.protocols:
         return choices
     if floor is None:
         floor = max((validation.score(x, split, NEW), validation.score(x, split, NEW, choices[NEW].steps(
-            choices[NEW].fitted))), key=lambda s: s.value)
+            choices[NEW].fitted_whitening))), key=lambda s: s.value)
     choices[BOTH] = choose_for_both(x, split, train_x, train_labels, choices, floor)
     return choices
 
@@ -226,5 +227,5 @@ def choose_for_both(x: torch.Tensor, split: ValidationSplit, train_x: torch.Tens
         tried.append((candidate.describe(), scores[KNOWN].value if ok else float("-inf")))
         if ok and (scores[KNOWN].value, scores[NEW].value) > best:
             best, chosen = (scores[KNOWN].value, scores[NEW].value), candidate
-    chosen.metrics = validation.score(x, split, KNOWN, chosen.steps(chosen.fitted)).metrics
+    chosen.metrics = validation.score(x, split, KNOWN, chosen.steps(chosen.fitted_whitening)).metrics
     return chosen

@@ -20,9 +20,9 @@ from rankopt.fit.tune import TuneResult
 from rankopt.fit.validation import NAMES, Pipeline, ValidationSplit
 
 
-def split_record(split: ValidationSplit) -> dict[str, Any]:
+def split_record(split: ValidationSplit, near_duplicates: int = 0) -> dict[str, Any]:
     """The split's counts, as ``fit.json``'s ``validation``."""
-    return {"protocols": list(split.protocols), "index_photos": int(split.gallery.size),
+    return {"near_duplicates": near_duplicates, "protocols": list(split.protocols), "index_photos": int(split.gallery.size),
             "known_queries": int(split.known_queries.size), "new_queries": int(split.new_queries.size),
             "train_photos": int(split.train.size), "train_classes": int(np.unique(split.labels[split.train]).size),
             "held_out_classes": int(split.held_out_classes().size), "note": split.open_note,

@@ -45,6 +45,7 @@ from rankopt.describe import machine_info
 from rankopt.engine.assembly import resolve_device, seed_everything
 from rankopt.files import write_text_atomic
 from rankopt.fit.clock import Clock, clock_text
+from rankopt.fit.flat import fit_flat, is_flat
 from rankopt.fit.output import save_index, save_model, served_text, steps_text
 from rankopt.fit.page import write_report
 from rankopt.fit.passes import frame_and_cache, model_stage
@@ -84,6 +85,8 @@ REFIT_MARGIN = 1.2
 """The time kept for retraining, as a multiple of the chosen steps' time (scaled to every photo)."""
 FEATURES = "features"
 """The pretrained model's name among the pipelines; a fine-tuned state's is :func:`_tuned_name`'s."""
+FINE_TUNED = "fine-tuned"
+"""``fit.json``'s ``chosen.model`` when a fine-tuned state is served (:data:`FEATURES` otherwise)."""
 
 
 def fit(photos_source: str | os.PathLike[str], out: str | os.PathLike[str], settings: FitSettings = FitSettings(),
@@ -97,14 +100,24 @@ def fit(photos_source: str | os.PathLike[str], out: str | os.PathLike[str], sett
     with clock.stage("check") as stage:
         dataset = read_photos(photos_source, None, strict=settings.strict)
         skipped = list(dataset.metadata["bad_images"])
-        photos = split_photos(dataset, settings.seed, settings.validation_fraction)
-        stage["done"] = "; ".join([photos.split.summary(), *_check_notes(dataset, photos, folder)])
+        flat = is_flat(dataset)
+        photos = None if flat else split_photos(dataset, settings.seed, settings.validation_fraction)
+        stage["done"] = "; ".join([f"{len(dataset):,} photos in no class folder: the pretrained features will be "
+                                   "served" if photos is None else photos.split.summary(),
+                                   *_check_notes(dataset, photos, folder)])
     folder.mkdir(parents=True, exist_ok=True)
     if skipped:
         write_text_atomic(folder / layout.SKIPPED_TXT, "".join(f"{line}\n" for line in skipped))
     mark = lambda name: layout.write_unfinished(folder, stage=name, photos=str(photos_source), out=str(folder))
     mark("model")
     clock.on_stage = mark
+    if photos is None:
+        record = fit_flat(dataset, str(photos_source), folder, settings, clock, resolve_device(settings.device),
+                          skipped)
+        layout.clear_unfinished(folder)
+        clock.line(f"finished in {clock_text(clock.elapsed())} (budget {clock_text(clock.budget_s)}): "
+                   f"rankopt serve {folder}")
+        return record.to_json()
     run = FitState(settings, str(photos_source), folder, clock, resolve_device(settings.device), photos,
                    skipped=skipped)
     with tempfile.TemporaryDirectory(prefix="rankopt-fit-") as scratch:
@@ -116,13 +129,17 @@ def fit(photos_source: str | os.PathLike[str], out: str | os.PathLike[str], sett
     return record.to_json()
 
 
-def _check_notes(dataset: Any, photos: Photos, folder: Path) -> list[str]:
+def _check_notes(dataset: Any, photos: Photos | None, folder: Path) -> list[str]:
     """What the check says besides the split: the loader's notes (empty class folders, photos in sub-folders,
     other files), classes with one photo, and the unreadable photos left out."""
     notes = list(dataset.metadata.get("notes") or [])
-    single = int((np.bincount(photos.labels) == 1).sum())
+    single = 0 if photos is None else int((np.bincount(photos.labels) == 1).sum())
     if single:
         notes.append(f"{single} class(es) with one photo: trained on and indexed, never a validation query")
+    if photos is not None and photos.near_duplicates:
+        notes.append(f"{photos.near_duplicates:,} photos with a near-duplicate in their class (copies, resized or "
+                     "burst shots: their difference hashes within a few bits), each group kept on one side of every "
+                     "split")
     skipped = dataset.metadata["bad_images"]
     if skipped:
         notes.append(f"{len(skipped):,} unreadable photo(s) left out, listed in {folder / layout.SKIPPED_TXT} "
@@ -165,7 +182,7 @@ def _add_pipelines(run: FitState, model: str, x: torch.Tensor) -> None:
         run.choices[model, protocol] = choice
         if choice.describe() not in listed:
             listed.add(choice.describe())
-            run.pipelines.append(Pipeline(model, protocol, score_all(x, split, choice.steps(choice.fitted)),
+            run.pipelines.append(Pipeline(model, protocol, score_all(x, split, choice.steps(choice.fitted_whitening)),
                                           choice.describe()))
 
 
@@ -233,7 +250,7 @@ def _tune(run: FitState) -> None:
 
 
 def _tuned_name(protocol: str, primary: str) -> str:
-    return "fine-tuned" if protocol == primary else f"fine-tuned (best on {protocol} queries)"
+    return FINE_TUNED if protocol == primary else f"{FINE_TUNED} (best on {protocol} queries)"
 
 
 def _choose(run: FitState) -> None:
@@ -385,7 +402,7 @@ def _record(run: FitState, index: Index, choice: PostChoice, scales: tuple[float
     assert run.tuned is not None and run.served is not None and run.sizing is not None
     served, state = run.served, run.tuned_states.get(run.served.model)
     fine_tuned = layout.FINE_TUNED_CKPT if not served.trained and run.tuned_states else None
-    chosen = {"model": "fitted" if served.trained else FEATURES, "served_name": served.name,
+    chosen = {"model": FINE_TUNED if served.trained else FEATURES, "served_name": served.name,
               "from": state.source if state is not None else "pretrained", "decided_on": _primary(run),
               "pipeline": served_text(served.model, choice, scales, run.framing.words()),
               "post": choice.to_dict(), "multiscale": index.preprocessing.get("multiscale"),
@@ -398,7 +415,7 @@ def _record(run: FitState, index: Index, choice: PostChoice, scales: tuple[float
     if trial.choice is not None and trial.embeddings is not None:  # multi-scale served: its own validation scores
         served_scores[_primary(run)] = dict(trial.choice.metrics)
     return FitRecord(run.source, run.cfg.model.backbone, run.checkpoint.name, str(run.device), run.settings.queries,
-                     split_record(run.split), pipelines, chosen, served_scores,
+                     split_record(run.split, run.photos.near_duplicates), pipelines, chosen, served_scores,
                      dataclasses.asdict(run.settings), run.sizing.to_dict(),
                      {**machine_info(run.device), "runtime": run.runtime and run.runtime.to_dict()},
                      None if run.refit is None else {k: v for k, v in run.refit.items() if k != "note"},

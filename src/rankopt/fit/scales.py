@@ -64,7 +64,7 @@ def try_multiscale(net: RetrievalNet, dataset: RetrievalDataset, split: Validati
     x = embed_multiscale(net, dataset, **kw)
     xv = x[torch.as_tensor(split.rows)]
     choice = choose_for_protocols(xv, split, dba=dba)[steps_for]
-    values = {p: score(xv, split, p, choice.steps(choice.fitted)).value for p in decide_on}
+    values = {p: score(xv, split, p, choice.steps(choice.fitted_whitening)).value for p in decide_on}
     said = ", ".join(f"{p} queries {values[p]:.4f} against {single[p]:.4f}" for p in decide_on)
     if any(values[p] <= single[p] for p in decide_on):
         return MultiScaleTrial(f"multi-scale tried, not kept: validation mAP@R {said} at one scale")

@@ -52,7 +52,7 @@ class TrunkCache:
     mirrored: torch.Tensor | None = None
     rows: np.ndarray | None = None
 
-    def features(self, index: np.ndarray, mirror: np.ndarray | None = None) -> torch.Tensor:
+    def outputs(self, index: np.ndarray, mirror: np.ndarray | None = None) -> torch.Tensor:
         """``(B, C, H, W)`` outputs of photos ``index``; where ``mirror`` is set, their mirrored copy (photos
         without one, outside ``rows``, stay centred)."""
         out = self.center[torch.as_tensor(index)].clone()
@@ -113,7 +113,7 @@ def embed_cached(tail: nn.Module, cache: TrunkCache, rows: np.ndarray, *, batch_
     out = []
     with torch.no_grad():
         for start in range(0, len(rows), batch_size):
-            out.append(tail(cache.features(rows[start:start + batch_size]).to(device)).float().cpu())
+            out.append(tail(cache.outputs(rows[start:start + batch_size]).to(device)).float().cpu())
     tail.train(was)
     return torch.cat(out) if out else torch.empty(0, 0)
 

@@ -1,22 +1,23 @@
 """Fine-tuning the tail within a time budget, the learning rate chosen on validation.
 
 Candidates (a rank loss and a learning rate each) first train one after the other for equal shares of the time
-(:data:`FIRST_ROUND_SHARE` of it in all), each scored on validation every :data:`CHECK_EVERY_S` at
-most. The first round is run in two rungs (successive halving, Jamieson & Talwalkar 2016): every candidate trains
-for :data:`FIRST_RUNG` of its share, then only the candidates that lead some validation protocol train for the
-rest of theirs; the time of the others goes to the winner's continuation. When the best one's learning rate is an end of the grid, one step beyond it is tried for the same share (at
-most :data:`GRID_EXTENSIONS` times), so that the choice is bracketed, even where it spends the time kept for retraining
-the winner (measured: keeping that time first left out the extension that won every Extended Yale B fit, and lost
-0.036 mAP@R there, ``benchmarks/results/fit_refit_reserve.md``); the best one then trains on for the rest. A
-candidate stops early after :data:`PATIENCE` scores without a new best, so a fit ends early once validation stops
-improving (and a small folder finishes in seconds). Every evaluation scores each validation protocol
-(:mod:`rankopt.fit.validation`: new photos of known classes, photos of new classes) and keeps the best state seen
-for each; the pretrained state itself is among them (scored before any step), so a fit is never worse than the
-features it started from on validation. One protocol (``primary``) leads: the leader, patience and the reserve. Batches: ``m`` photos of each of
-``batch_size / m`` classes, each photo centred or mirrored at random; Adam (the trainer's,
-:func:`rankopt.engine.optim.build_optimizer`) with the :data:`WARMUP` schedule, BatchNorm statistics frozen (the
-trunk is not trained at all). :func:`retrain` runs the chosen candidate again from the pretrained state, for its
-chosen steps, on the training and the validation photos together (``rankopt fit``'s ``refit`` stage).
+(:data:`FIRST_ROUND_SHARE` of it in all), each scored on validation every :data:`CHECK_EVERY_S` at most. The first
+round is run in two rungs (successive halving, Jamieson & Talwalkar 2016): every candidate trains for
+:data:`FIRST_RUNG` of its share, then only the candidates that lead some validation protocol train for the rest of
+theirs; the time of the others goes to the winner's continuation. When the best one's learning rate is an end of the
+grid, one step beyond it is tried for the same share (at most :data:`GRID_EXTENSIONS` times), so that the choice is
+bracketed, even where it spends the time kept for retraining the winner (measured: keeping that time first left out
+the extension that won every Extended Yale B fit, and lost 0.036 mAP@R there,
+``benchmarks/results/fit_refit_reserve.md``); the best one then trains on for the rest. A candidate stops early after
+:data:`PATIENCE` scores without a new best, so a fit ends early once validation stops improving (and a small folder
+finishes in seconds). Every evaluation scores each validation protocol (:mod:`rankopt.fit.validation`: new photos of
+known classes, photos of new classes) and keeps the best state seen for each; the pretrained state itself is among
+them (scored before any step), so a fit is never worse than the features it started from on validation. One protocol
+(``primary``) leads: the leader, patience and the reserve. Batches: ``m`` photos of each of ``batch_size / m``
+classes, each photo centred or mirrored at random; Adam (the trainer's, :func:`rankopt.engine.optim.build_optimizer`)
+with the :data:`WARMUP` schedule, BatchNorm statistics frozen (the trunk is not trained at all). :func:`retrain` runs
+the chosen candidate again from the pretrained state, for its chosen steps, on the training and the validation photos
+together (``rankopt fit``'s ``refit`` stage).
 """
 
 from __future__ import annotations
@@ -164,7 +165,7 @@ def _train_step(tail: nn.Module, loss_fn: nn.Module, optimizer: torch.optim.Opti
     device = next(tail.parameters()).device
     batch = rows[picks]
     mirror = rng.random(len(batch)) < 0.5 if cache.mirrored is not None else None
-    x = cache.features(batch, mirror).to(device)
+    x = cache.outputs(batch, mirror).to(device)
     y = torch.as_tensor(labels[picks], device=device)
     for group in optimizer.param_groups:
         group["lr"] = lr * lr_factor(WARMUP, step, total_steps)

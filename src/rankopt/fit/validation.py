@@ -106,12 +106,31 @@ class ValidationSplit:
         return text + (f" ({self.open_note})" if self.open_note and not self.new_queries.size else "")
 
 
-def _kept_back(rows: np.ndarray, share: float, rng: np.random.Generator) -> np.ndarray:
-    """``max(1, round(share·n))`` of a class's ``n`` rows (none when it has one photo; one always stays)."""
+def _kept_back(rows: np.ndarray, share: float, rng: np.random.Generator, groups: np.ndarray | None = None
+               ) -> np.ndarray:
+    """``max(1, round(share·n))`` of a class's ``n`` rows (none when it has one photo; one always stays), drawn as
+    whole near-duplicate ``groups`` (a group id per row of the folder; ``None``: each photo its own), so that no
+    photo is kept back while its copy is trained on or indexed: groups in a random order are kept back while they
+    fit in the count (at least one group, never every group)."""
     if rows.size < 2:
         return rows[:0]
     count = min(rows.size - 1, max(1, round(share * rows.size)))
-    return np.sort(rng.choice(rows, count, replace=False))
+    if groups is None or np.unique(groups[rows]).size == rows.size:  # no near-duplicates: photo by photo
+        return np.sort(rng.choice(rows, count, replace=False))
+    ids = rng.permutation(np.unique(groups[rows]))
+    if ids.size < 2:  # one group: every photo a copy of the others, nothing to keep back apart
+        return rows[:0]
+    back: list[np.ndarray] = []
+    taken = 0
+    for g in ids[:-1]:
+        members = rows[groups[rows] == g]
+        if taken and taken + members.size > count:
+            continue
+        back.append(members)
+        taken += members.size
+        if taken >= count:
+            break
+    return np.sort(np.concatenate(back))
 
 
 def sample_by_class(rows: np.ndarray, labels: np.ndarray, cap: int, rng: np.random.Generator,
@@ -128,8 +147,11 @@ def sample_by_class(rows: np.ndarray, labels: np.ndarray, cap: int, rng: np.rand
 
 
 def make_split(labels: np.ndarray, class_names: Sequence[str], seed: int, *,
-               known_fraction: float = KNOWN_FRACTION, open_fraction: float = OPEN_FRACTION) -> ValidationSplit:
-    """The split of the module docstring, drawn with ``seed``. Classes with one photo are trained on (no query)."""
+               known_fraction: float = KNOWN_FRACTION, open_fraction: float = OPEN_FRACTION,
+               groups: np.ndarray | None = None) -> ValidationSplit:
+    """The split of the module docstring, drawn with ``seed``. Classes with one photo are trained on (no query).
+    ``groups``: each photo's near-duplicate group (:func:`rankopt.data.near_duplicates.duplicate_groups`), kept
+    whole on one side of every split."""
     labels = np.asarray(labels)
     rng = np.random.default_rng(seed)
     classes, counts = np.unique(labels, return_counts=True)
@@ -147,7 +169,7 @@ def make_split(labels: np.ndarray, class_names: Sequence[str], seed: int, *,
     new_gallery, new_queries, known, train = [], [], [], []
     for c in classes:
         rows = np.flatnonzero(labels == c)
-        back = _kept_back(rows, 0.5 if c in held else known_fraction, rng)
+        back = _kept_back(rows, 0.5 if c in held else known_fraction, rng, groups)
         (new_queries if c in held else known).append(back)
         (new_gallery if c in held else train).append(np.setdiff1d(rows, back))
     none = np.array([], dtype=np.int64)

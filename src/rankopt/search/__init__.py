@@ -12,8 +12,29 @@ Exact search by default; ``faiss="IVF4096,PQ64"`` (any faiss factory string) for
 Queries embedded by another model or preprocessing (another fingerprint) are refused.
 """
 
-from rankopt.search.embedder import Embedder
-from rankopt.search.index import Index
-from rankopt.search.result import SearchResult
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from rankopt.search.embedder import Embedder
+    from rankopt.search.index import Index
+    from rankopt.search.result import SearchResult
 
 __all__ = ["Embedder", "Index", "SearchResult"]
+
+
+def __getattr__(name: str) -> Any:
+    """The classes imported at first use: the command line reads :mod:`rankopt.search.settings` without loading
+    torch."""
+    if name == "Embedder":
+        from rankopt.search.embedder import Embedder
+
+        return Embedder
+    if name == "Index":
+        from rankopt.search.index import Index
+
+        return Index
+    if name == "SearchResult":
+        from rankopt.search.result import SearchResult
+
+        return SearchResult
+    raise AttributeError(f"module 'rankopt.search' has no attribute {name!r}")

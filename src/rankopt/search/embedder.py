@@ -39,6 +39,7 @@ from rankopt.export.onnx_net import OnnxNet
 from rankopt.export.runtimes import TIMED_BATCH_MAX, TORCH, Runtime, default_runtime, prepare_network
 from rankopt.models.fingerprint import model_fingerprint
 from rankopt.postprocess import MULTISCALE_KEY, WHITENING_KEY, PostProcessing, Whitening
+from rankopt.search.settings import EMBED
 
 ImageSource = RetrievalDataset | str | os.PathLike[str] | Sequence[str | os.PathLike[str]]
 """A dataset, an image file or folder, or a list of them."""
@@ -63,8 +64,8 @@ class Embedder:
     device: torch.device
     checkpoint: str | None = None
     summary: dict[str, Any] = field(default_factory=dict)
-    batch_size: int = 256
-    num_workers: int = 0
+    batch_size: int = EMBED.batch_size
+    num_workers: int = EMBED.num_workers
     progress: bool = True
     post: PostProcessing | None = None
     """Multi-scale embedding and whitening applied to every embedding (set by :meth:`with_postprocessing`)."""
@@ -88,7 +89,7 @@ class Embedder:
         self.fingerprint = self.model.fingerprint
 
     @classmethod
-    def from_checkpoint(cls, path: str | os.PathLike[str], *, device: str = "auto", **options: Any) -> Embedder:
+    def from_checkpoint(cls, path: str | os.PathLike[str], *, device: str = EMBED.device, **options: Any) -> Embedder:
         """The checkpoint's model with its config's test transform and image size; an ``.onnx`` file
         (``rankopt export``) is run by onnxruntime (:meth:`from_onnx`)."""
         if Path(path).suffix.lower() == ".onnx":
@@ -101,7 +102,7 @@ class Embedder:
                    checkpoint=str(Path(path).resolve()), summary=model_info(model, cfg.model.backbone), **options)
 
     @classmethod
-    def from_onnx(cls, path: str | os.PathLike[str], *, device: str = "auto", threads: int | None = None,
+    def from_onnx(cls, path: str | os.PathLike[str], *, device: str = EMBED.device, threads: int | None = None,
                   **options: Any) -> Embedder:
         """An ONNX model exported by ``rankopt export`` (:class:`rankopt.export.onnx_net.OnnxNet`, onnxruntime with
         ``threads`` intra-op threads on ``device``), with the test transform and the fingerprint stored in it:
@@ -113,7 +114,8 @@ class Embedder:
 
     @classmethod
     def from_model(cls, model: nn.Module, *, transform: Callable[..., torch.Tensor] | None = None,
-                   preprocessing: Mapping[str, Any] | None = None, device: str = "auto", **options: Any) -> Embedder:
+                   preprocessing: Mapping[str, Any] | None = None, device: str = EMBED.device,
+                   **options: Any) -> Embedder:
         """``model`` (moved to ``device``) with ``preprocessing`` (required: it joins the fingerprint) and
         ``transform`` (default: built from ``preprocessing["transform"]`` and ``["image_size"]``)."""
         if preprocessing is None:

@@ -39,6 +39,7 @@ from rankopt.engine.embed_and_score import EmbeddedSplit
 from rankopt.postprocess import Expansion, PostProcessing
 from rankopt.search import storage
 from rankopt.search.approximate import Faiss
+from rankopt.search.settings import EMBED, INDEX
 from rankopt.search.backend import Backend, Exact, exact_search
 from rankopt.search.embedder import Embedder, ImageSource, as_dataset, base_preprocessing, stored_post
 from rankopt.search.items import IndexItems, changed_files, crop_dataset, dataset_items, item_paths
@@ -99,10 +100,11 @@ class Index:
     @classmethod
     def build(cls, model_or_checkpoint: nn.Module | Embedder | str | os.PathLike[str], images_or_dataset: ImageSource,
               *,
-              transform: Any = None, preprocessing: Mapping[str, Any] | None = None, similarity: str = "cosine",
-              postprocessing: PostProcessing | None = None, faiss: str | None = None,
-              faiss_params: str | None = None, metadata: MetadataSource | None = None, batch_size: int = 256,
-              device: str = "auto", num_workers: int = 0, progress: bool = True, runtime: str | None = None) -> Index:
+              transform: Any = None, preprocessing: Mapping[str, Any] | None = None,
+              similarity: str = INDEX.similarity, postprocessing: PostProcessing | None = None,
+              faiss: str | None = None, faiss_params: str | None = None, metadata: MetadataSource | None = None,
+              batch_size: int = EMBED.batch_size, device: str = EMBED.device, num_workers: int = EMBED.num_workers,
+              progress: bool = True, runtime: str | None = None) -> Index:
         """Embed ``images_or_dataset`` (a dataset, an image folder, or image files/folders) and index them.
 
         ``model_or_checkpoint``: a checkpoint path (model, test transform and ``preprocessing`` from its
@@ -133,7 +135,7 @@ class Index:
                               metadata=metadata, progress=progress)
 
     @classmethod
-    def from_split(cls, embedder: Embedder, dataset: Any, split: EmbeddedSplit, *, similarity: str = "cosine",
+    def from_split(cls, embedder: Embedder, dataset: Any, split: EmbeddedSplit, *, similarity: str = INDEX.similarity,
                    postprocessing: PostProcessing | None = None, faiss: str | None = None,
                    faiss_params: str | None = None, metadata: MetadataSource | None = None,
                    progress: bool = True) -> Index:
@@ -156,7 +158,7 @@ class Index:
 
     @classmethod
     def from_embeddings(cls, embeddings: Embeddings, paths: Sequence[str] | None = None,
-                        labels: Embeddings | None = None, *, fingerprint: str, similarity: str = "cosine",
+                        labels: Embeddings | None = None, *, fingerprint: str, similarity: str = INDEX.similarity,
                         preprocessing: Mapping[str, Any] | None = None, level_names: Sequence[str] | None = None,
                         label_names: LabelNames | None = None, ids: Sequence[str] | None = None,
                         metadata: MetadataSource | Columns | None = None, faiss: str | None = None,

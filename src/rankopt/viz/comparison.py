@@ -219,8 +219,8 @@ def plot_retrieval_rows(
     about 1000 px wide and at most 2400 px tall whatever the number of groups.
 
     Frames: green = same finest class, orange/olive = sharing only coarser levels, red =
-    unrelated (``num_levels`` label columns); scores above cells of at least
-    :data:`SCORE_MIN_CELL_INCHES`. Images are read with :func:`rankopt.data.image_files.load_image`
+    unrelated (``num_levels`` label columns; 0: unlabelled photos, grey frames and no legend); scores
+    above cells of at least :data:`SCORE_MIN_CELL_INCHES`. Images are read with :func:`rankopt.data.image_files.load_image`
     (zip members too); one that cannot be read is drawn as a grey cell reading "missing".
     """
     if not query_paths or not groups:
@@ -270,8 +270,9 @@ def plot_retrieval_rows(
                           lay.cell - 0.08, lay.cell - title_space - 0.04)
                 _draw_image(ax, group.paths[q][c], level_colour(int(group.levels[q, c]), num_levels),
                             f"s={float(group.scores[q, c]):.2f}" if scores else "", cache, frame)
-    fig.legend(handles=relevance_legend(num_levels, level_names), loc="upper left",
-               bbox_to_anchor=(0.0, 1 - 0.3 / height), ncol=num_levels + 1, fontsize=7, frameon=False)
+    if num_levels:
+        fig.legend(handles=relevance_legend(num_levels, level_names), loc="upper left",
+                   bbox_to_anchor=(0.0, 1 - 0.3 / height), ncol=num_levels + 1, fontsize=7, frameon=False)
     fig.suptitle(titled(f"Top-{k} results of each group{shared} for the same {num_queries} queries", title_note,
                         max_chars=None),
                  x=0.01, y=1 - 0.05 / height, ha="left", va="top", fontsize=9)

@@ -36,13 +36,15 @@ def level_name(level: int, num_levels: int, level_names: Sequence[str] | None) -
     return f"same {column_name(column, level_names)}, other {column_name(column - 1, level_names)}"
 
 
-_SAME_COLOUR, _UNRELATED_COLOUR = "#2ca02c", "#d62728"
+_SAME_COLOUR, _UNRELATED_COLOUR, _UNLABELLED_COLOUR = "#2ca02c", "#d62728", "#999999"
 _COARSER_CMAP = LinearSegmentedColormap.from_list("coarser", ["#ffb266", "#ff7f0e", "#d95f02"])
 
 
 def level_colour(level: int, num_levels: int) -> tuple[float, float, float, float]:
     """Green: same finest class; red: unrelated; orange: shares only coarser levels
-    (darker orange when it shares more of them)."""
+    (darker orange when it shares more of them); grey without labels (``num_levels`` 0)."""
+    if num_levels == 0:
+        return to_rgba(_UNLABELLED_COLOUR)
     if level >= num_levels:
         return to_rgba(_SAME_COLOUR)
     if level <= 0:
@@ -51,7 +53,9 @@ def level_colour(level: int, num_levels: int) -> tuple[float, float, float, floa
 
 
 def relevance_legend(num_levels: int, level_names: Sequence[str] | None) -> list[Patch]:
-    """Legend patches of the relevance colours, finest match first, unrelated last."""
+    """Legend patches of the relevance colours, finest match first, unrelated last (none without labels)."""
+    if num_levels == 0:
+        return []
     return [Patch(color=level_colour(lv, num_levels), label=level_name(lv, num_levels, level_names))
             for lv in range(num_levels, -1, -1)]
 

@@ -1,0 +1,108 @@
+"""``rankopt fit`` on a flat folder (photos, no class folders): the pretrained features, served.
+
+Without classes there is nothing to fine-tune on and nothing to validate a choice on, so a flat fit is the
+pretrained model's pass over every photo (at its own framing) and the index of it, with only the post-processing
+that needs no labels and was measured not to hurt a folder whose kinds are unknown (:data:`FLAT_STEPS`). The run
+folder is served like any other (``rankopt serve RUN``); its ``fit.json`` says what was done and why, its
+``report.html`` shows a few photos searched in the index.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import time
+from typing import Any
+
+import numpy as np
+import torch
+
+from rankopt import layout
+from rankopt.data.base import RetrievalDataset
+from rankopt.describe import machine_info
+from rankopt.engine.assembly import model_from_checkpoint
+from rankopt.engine.weights import resolve_checkpoint
+from rankopt.files import write_text_atomic
+from rankopt.fit.clock import Clock, clock_text
+from rankopt.fit.output import save_model, steps_text
+from rankopt.fit.page import write_flat_report
+from rankopt.fit.record import FitRecord
+from rankopt.fit.settings import FitSettings
+from rankopt.fit.sizing import CPU_BATCH
+from rankopt.postprocess import Expansion, PostProcessing
+from rankopt.search.embedder import Embedder
+from rankopt.search.index import Index
+
+FLAT_STEPS = PostProcessing(None, None, None, Expansion(k=1, alpha=1.0))
+"""The steps a flat folder's index gets. Measured with the pretrained features (``benchmarks/results/
+flat_post.md``: Caltech-101 with MobileNetV2, Extended Yale B with MobileFaceNet; new photos against an index of
+the rest, every photo against the others, and new photos against one photo a kind)."""
+WHY_FLAT_STEPS = ("αQE with its first neighbour (k=1): measured to raise mAP@R where the folder repeats a kind and "
+                  "not to lower it where it holds one photo a kind; DBA and whitening were measured to hurt the "
+                  "latter, and without classes a fit cannot tell which folder it has")
+
+
+def is_flat(dataset: RetrievalDataset) -> bool:
+    """Whether no photo of ``dataset`` has a class (every label ``-1``)."""
+    return bool((np.asarray(dataset.labels)[:, 0] < 0).all())
+
+
+def fit_flat(dataset: RetrievalDataset, source: str, folder: Any, settings: FitSettings, clock: Clock,
+             device: torch.device, skipped: list[str]) -> FitRecord:
+    """The model, the index of every photo with :data:`FLAT_STEPS`, ``fit.json`` and the report, in ``folder``."""
+    with clock.stage("model") as stage:
+        checkpoint = resolve_checkpoint(settings.backbone, settings.weights, say=clock.line)
+        net, cfg = model_from_checkpoint(checkpoint, device)
+        cfg = dataclasses.replace(cfg, name="fit", description=f"rankopt fit of {checkpoint.name} (flat folder)")
+        model_path = save_model(folder / layout.MODEL_CKPT, net, cfg, checkpoint)
+        embedder = Embedder.from_checkpoint(model_path, device=str(device), batch_size=CPU_BATCH,
+                                            runtime=settings.runtime, progress=False)
+        stage["done"] = (f"{cfg.model.backbone} as released ({checkpoint.name}), at its own framing "
+                         f"({cfg.data.test_transform}); no fine-tuning: the folder has no classes")
+    _say_the_pass_cost(embedder, dataset, clock)
+    with clock.stage("index") as stage:
+        began = time.monotonic()
+        index = Index.build(embedder, dataset, postprocessing=FLAT_STEPS, progress=False)
+        index.save(folder / layout.INDEX_DIR)
+        rate = len(index) / max(time.monotonic() - began, 1e-6)
+        stage["done"] = (f"{len(index):,} photos at {rate:.0f}/s in {folder / layout.INDEX_DIR} ({index.dim}-d, "
+                         f"{steps_text(index)})")
+    why = ["no class folders: the photos have no classes, so nothing can be fine-tuned or validated; the pretrained "
+           "features are served (put each kind of photo in its own folder for a fine-tuned model and a measured "
+           "choice)", f"post-processing: {WHY_FLAT_STEPS}"]
+    served = f"features ({cfg.data.test_transform}) + {_steps_words(FLAT_STEPS)}"
+    chosen = {"model": "features", "served_name": "features", "from": "pretrained", "decided_on": None,
+              "pipeline": served, "post": {"whitening": None, "dba": None,
+                                           "qe": dataclasses.asdict(FLAT_STEPS.qe) if FLAT_STEPS.qe else None},
+              "multiscale": None, "framing": {"preset": cfg.data.test_transform, "validation_map@r": {}},
+              "fine_tuned_checkpoint": None, "why": why, "candidates": [], "seconds_per_step": None}
+    validation = {"protocols": [], "index_photos": len(index), "known_queries": 0, "new_queries": 0,
+                  "train_photos": 0, "train_classes": 0, "held_out_classes": 0,
+                  "note": "a flat folder: no classes, no validation", "names": {}}
+    record = FitRecord(source, cfg.model.backbone, checkpoint.name, str(device), settings.queries, validation, [],
+                       chosen, {}, dataclasses.asdict(settings), {}, machine_info(device), None,
+                       dict(clock.seconds), skipped)
+    with clock.stage("report") as stage:
+        write_flat_report(folder, record, index)
+        stage["done"] = f"{folder / layout.REPORT_HTML}, {folder / layout.FIT_JSON}"
+    record.seconds = {**clock.seconds, "total": clock.elapsed()}
+    write_text_atomic(folder / layout.FIT_JSON, json.dumps(record.to_json(), indent=2) + "\n")
+    return record
+
+
+def _steps_words(post: PostProcessing) -> str:
+    words = [f"{name} k={e.k} alpha={e.alpha:g}" for name, e in (("DBA", post.dba), ("αQE", post.qe)) if e]
+    return ", ".join(words) or "no post-processing"
+
+
+def _say_the_pass_cost(embedder: Embedder, dataset: RetrievalDataset, clock: Clock) -> None:
+    """One line before the pass when it will not end within the budget: the budget that would hold it."""
+    sample = [dataset.paths[i] for i in np.linspace(0, len(dataset) - 1, min(32, len(dataset))).astype(int)]
+    began = time.monotonic()
+    embedder.embed(sample)
+    pass_s = len(dataset) * (time.monotonic() - began) / len(sample)
+    if pass_s > clock.left():
+        minutes = int(np.ceil((clock.elapsed() + 1.2 * pass_s) / 60))
+        clock.line(f"indexing the {len(dataset):,} photos takes about {clock_text(pass_s)} here, more than the "
+                   f"{clock_text(clock.left())} left of the budget: every photo is indexed anyway "
+                   f"(--minutes {minutes} would hold it)")

@@ -69,3 +69,19 @@ def test_photos_loose_beside_class_folders_are_refused(tmp_path):
     with pytest.raises(DatasetProblems, match="directly in .*, in no class folder"):
         fit(photos, tmp_path / "run", FitSettings(minutes=0.2, weights=str(write_checkpoint(tmp_path / "w.ckpt"))),
             say=lambda _: None)
+
+
+def test_the_flat_steps_never_change_a_query_s_first_result():
+    """αQE over the top 2 with α = 1 (:data:`FLAT_STEPS`): ``q'·g₁ − q'·g₂ = (s₁ − s₂)(2 − g₁·g₂) ≥ 0``, so the
+    first result stays first, whatever the folder (random unit vectors, clustered and not)."""
+    import torch
+
+    torch.manual_seed(0)
+    for clustered in (False, True):
+        centres = torch.nn.functional.normalize(torch.randn(5, 16), dim=1)
+        g = torch.randn(300, 16) + (4 * centres[torch.randint(0, 5, (300,))] if clustered else 0)
+        q = torch.randn(200, 16) + (4 * centres[torch.randint(0, 5, (200,))] if clustered else 0)
+        g, q = (torch.nn.functional.normalize(v, dim=1) for v in (g, q))
+        expanded = FLAT_STEPS.expand_queries(q, g)
+        assert torch.equal((q @ g.T).argmax(dim=1), (expanded @ g.T).argmax(dim=1))
+        assert not torch.allclose(expanded, q)  # and it does change the queries

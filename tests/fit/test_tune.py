@@ -180,9 +180,9 @@ def test_after_the_first_rung_only_the_leaders_of_some_protocol_train_on(monkeyp
 
     original_run = tune_module._Tuning.run
 
-    def run(self, trial, share, keep=lambda: 0.0):
+    def run(self, trial, share, keep=lambda: 0.0, scored_share=None):
         current[:] = [trial]
-        original_run(self, trial, share, keep)
+        original_run(self, trial, share, keep, scored_share)
 
     monkeypatch.setattr(tune_module._Tuning, "run", run)
     lines: list[str] = []
@@ -194,3 +194,19 @@ def test_after_the_first_rung_only_the_leaders_of_some_protocol_train_on(monkeyp
     assert result.best["known"].candidate.lr == 1e-2 and result.best["new"].candidate.lr == 1e-4
     assert any("left out (leading no protocol): sup_ap lr 0.001" in line for line in lines), lines
     assert tune_module.protocol_leaders(result.trials, ["known"]) == [result.trials[2]]
+
+
+def test_a_rung_keeps_the_pace_of_scores_of_a_whole_share(monkeypatch):
+    """Half a share, scored at the pace of the whole share (``scored_share``): half the scores, not as many as a
+    whole share (a validation on a large folder takes seconds; rungs must not double it)."""
+    monkeypatch.setattr(tune_module, "CHECK_EVERY_S", 100.0)
+    monkeypatch.setattr(tune_module, "_train_step", lambda *args: (time.sleep(0.01), 0.0)[1])
+    tail, cache, labels, _ = _linear_tail_setup()
+    train_rows, scores = np.arange(24), iter(range(10**6))
+    tuning = tune_module._Tuning(tail, cache, train_rows, labels[train_rows], lambda: known(float(next(scores))),
+                                 "known", Clock(100, say=lambda _: None),
+                                 tune_module._Batches(labels[train_rows], 16, 4, 0), 0)
+    paced, own = (tune_module.Trial(Candidate("sup_ap", 1e-3), tune_module.trainable_state(tail)) for _ in range(2))
+    tuning.run(paced, 0.4, scored_share=0.8)  # a score every 0.2 s: 2, and one at the end
+    tuning.run(own, 0.4)  # a score every 0.1 s: 4, and one at the end
+    assert len(paced.history) <= 3 < 4 <= len(own.history), (len(paced.history), len(own.history))

@@ -90,18 +90,29 @@ def decode_problem(path: str) -> str | None:
     return None
 
 
-def difference_hash(img: Image.Image) -> int:
-    """The 64-bit difference hash of ``img`` (Krawetz's dHash): grey, EXIF orientation applied, resized to 9×8;
-    bit ``8r + c`` set where pixel ``(r, c)`` is brighter than ``(r, c + 1)``. Copies, re-encodings and resized
-    versions of a photo differ in a few bits, unrelated photos in about half (measured:
-    ``benchmarks/results/near_duplicates.md``)."""
-    grey = to_rgb(ImageOps.exif_transpose(img), high_bit_top(img)).convert("L").resize((9, 8), Image.BILINEAR)
+HASH_SIDE = 16
+"""A difference hash compares :data:`HASH_SIDE` × :data:`HASH_SIDE` neighbouring pixel pairs: 256 bits (8 × 8, the
+usual 64 bits, put three quarters of Extended Yale B's faces within 6 bits of another lighting of the same person:
+``benchmarks/results/near_duplicates.md``)."""
+
+
+def difference_hash(img: Image.Image) -> bytes:
+    """The difference hash of ``img`` (Krawetz's dHash, :data:`HASH_SIDE`² bits): grey, EXIF orientation applied,
+    resized to ``(side + 1) × side``; bit ``side·r + c`` set where pixel ``(r, c)`` is brighter than ``(r, c + 1)``.
+    Copies, re-encodings and resized versions of a photo differ in a few bits, unrelated photos in about half."""
+    side = HASH_SIDE
+    grey = to_rgb(ImageOps.exif_transpose(img), high_bit_top(img)).convert("L").resize((side + 1, side),
+                                                                                        Image.BILINEAR)
     pixels = np.asarray(grey, dtype=np.int16)
-    bits = (pixels[:, :-1] > pixels[:, 1:]).ravel()
-    return int(np.packbits(bits).view(">u8")[0])
+    return np.packbits((pixels[:, :-1] > pixels[:, 1:]).ravel()).tobytes()
 
 
-_HASHES: dict[tuple, int] = {}
+def hash_distance(a: bytes, b: bytes) -> int:
+    """Bits that differ between two :func:`difference_hash` values."""
+    return (int.from_bytes(a, "big") ^ int.from_bytes(b, "big")).bit_count()
+
+
+_HASHES: dict[tuple, bytes] = {}
 """Each image's :func:`difference_hash`, remembered by :func:`decode_problem` (keyed by path, size and time of last
 change), so that :func:`image_hash` needs no second decode of a checked folder."""
 
@@ -114,7 +125,7 @@ def _hash_key(path: str) -> tuple:
     return path, stat.st_size, stat.st_mtime_ns
 
 
-def image_hash(path: str) -> int | None:
+def image_hash(path: str) -> bytes | None:
     """The :func:`difference_hash` of the image file ``path`` (remembered from its decode check, else decoded at
     :data:`CHECK_SIDE`); ``None`` when it cannot be decoded."""
     key = _hash_key(path)

@@ -4,7 +4,7 @@ its runtime, the cost of one pass), ``framing`` and ``trunk`` (:mod:`rankopt.fit
 Their cost grows with the folder; the rest of a fit runs on cached trunk outputs or capped validation sets. The
 framing choice looks at :data:`FRAMING_MAX` kept-back photos at most (sampled by class), and a folder whose one
 pass leaves the fine-tuning less than :data:`MIN_TUNE_SHARE` of the budget is said to be too big for it, with the
-budget that would fine-tune.
+budget that would fine-tune; the framing is then not compared (the model's own is kept).
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from rankopt.data.transforms import build_transform
 from rankopt.engine.assembly import inference_preprocessing, model_from_checkpoint
 from rankopt.engine.weights import resolve_checkpoint
 from rankopt.fit.clock import clock_text
-from rankopt.fit.framing import choose_framing
+from rankopt.fit.framing import FramingChoice, choose_framing
 from rankopt.fit.photos import save_split
 from rankopt.fit.sizing import size_for
 from rankopt.fit.state import FitState
@@ -81,10 +81,18 @@ def frame_and_cache(run: FitState) -> None:
     clock.plan("framing", framing_s)
     clock.plan("trunk", run.pass_s)
     _say_the_passes_cost(run, framing_s)
+    compare = run.pass_s + framing_s <= (1 - MIN_TUNE_SHARE) * clock.left()
     with clock.stage("framing") as stage:
-        run.framing = choose_framing(run.frozen_net, run.photos.part(framed, "kept back"), split.labels[framed],
-                                     split.class_names, run.cfg.data.test_transform, run.cfg.data.image_size,
-                                     device=run.device, batch_size=sizing.trunk_batch, workers=sizing.workers)
+        if compare:
+            run.framing = choose_framing(run.frozen_net, run.photos.part(framed, "kept back"),
+                                         split.labels[framed], split.class_names, run.cfg.data.test_transform,
+                                         run.cfg.data.image_size, device=run.device, batch_size=sizing.trunk_batch,
+                                         workers=sizing.workers)
+        else:  # the budget first goes to the one pass every photo needs
+            own = run.cfg.data.test_transform
+            run.framing = FramingChoice(own, note=f"the model's own ({own}), not compared with the whole photo: that "
+                                        f"would take about {clock_text(framing_s)} of the "
+                                        f"{clock_text(clock.left())} left, which the pass over every photo needs")
         run.cfg = dataclasses.replace(run.cfg, data=dataclasses.replace(run.cfg.data,
                                                                          test_transform=run.framing.preset))
         dataset.transform = build_transform(run.framing.preset, run.cfg.data.image_size)

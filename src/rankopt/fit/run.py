@@ -55,6 +55,7 @@ from rankopt.fit.record import FitRecord, pipeline_record, split_record, tuning_
 from rankopt.fit.scales import BUDGET_SHARE as SCALES_BUDGET_SHARE
 from rankopt.fit.scales import MultiScaleTrial, estimated_seconds, try_multiscale
 from rankopt.fit.settings import FitSettings, check_run_folder
+from rankopt.fit.sizing import busy_cores, threads_beside
 from rankopt.fit.state import FitState
 from rankopt.fit.trunk import TailStates, embed_cached, trainable_state
 from rankopt.fit.tune import Candidate, retrain, tune
@@ -68,6 +69,7 @@ from rankopt.fit.validation import (
     score_all,
 )
 from rankopt.models.multiscale import DEFAULT_SCALES
+from rankopt.runtime import cpu_count
 from rankopt.search.index import Index
 
 SMALL_VALIDATION_CLASSES, SMALL_VALIDATION_PHOTOS = 5, 100
@@ -97,6 +99,27 @@ def fit(photos_source: str | os.PathLike[str], out: str | os.PathLike[str], sett
     folder = check_run_folder(out, settings.overwrite)
     clock = Clock(settings.minutes * 60.0, say)
     seed_everything(settings.seed)
+    threads = torch.get_num_threads()
+    try:
+        _share_the_cores(clock)
+        return _fit(photos_source, folder, settings, clock)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _share_the_cores(clock: Clock) -> None:
+    """Fewer threads when other processes keep cores busy (:func:`rankopt.fit.sizing.threads_beside`), said."""
+    cores, busy, threads = cpu_count(), busy_cores(), torch.get_num_threads()
+    fewer = threads_beside(busy, threads, cores)
+    if fewer < threads:
+        clock.line(f"{busy:.1f} of the {cores} cores are busy with other work: the fit runs on {fewer} thread(s) "
+                   f"instead of {threads}")
+        torch.set_num_threads(fewer)
+
+
+def _fit(photos_source: str | os.PathLike[str], folder: Path, settings: FitSettings, clock: Clock
+         ) -> dict[str, Any]:
+    """:func:`fit` after its checks: the stages."""
     with clock.stage("check") as stage:
         dataset = read_photos(photos_source, None, strict=settings.strict)
         skipped = list(dataset.metadata["bad_images"])

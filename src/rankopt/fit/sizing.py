@@ -11,6 +11,7 @@ temporary file (:meth:`Sizing.spills`).
 from __future__ import annotations
 
 import os
+import time
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -19,6 +20,8 @@ import torch
 CPU_BATCH, GPU_BATCH = 32, 128
 CACHE_SHARE = 0.25
 GPU_WORKERS = 8
+BUSY_WINDOW_S = 0.5
+"""How long the fit watches the machine before it starts, to count the cores other processes keep busy."""
 
 
 def machine_memory() -> int:
@@ -56,3 +59,32 @@ def size_for(device: torch.device, trunk_output_numel: int) -> Sizing:
     cuda = device.type == "cuda"
     return Sizing(str(device), torch.get_num_threads(), min(GPU_WORKERS, max(0, (os.cpu_count() or 1) - 1)) if cuda
                   else 0, GPU_BATCH if cuda else CPU_BATCH, 4 * trunk_output_numel, memory, int(CACHE_SHARE * memory))
+
+
+def _cpu_times() -> tuple[int, int] | None:
+    """``(busy, total)`` jiffies of every core since boot (``/proc/stat``), ``None`` where it cannot be read."""
+    try:
+        with open("/proc/stat") as fh:
+            values = [int(v) for v in fh.readline().split()[1:]]
+    except (OSError, ValueError):
+        return None
+    idle = values[3] + (values[4] if len(values) > 4 else 0)  # idle + iowait
+    return sum(values) - idle, sum(values)
+
+
+def busy_cores(window_s: float = BUSY_WINDOW_S) -> float:
+    """Cores kept busy by other processes over ``window_s`` (this one sleeps meanwhile); 0 where unknown."""
+    before = _cpu_times()
+    time.sleep(window_s)
+    after = _cpu_times()
+    if before is None or after is None or after[1] <= before[1]:
+        return 0.0
+    share = (after[0] - before[0]) / (after[1] - before[1])
+    return share * (os.cpu_count() or 1)
+
+
+def threads_beside(busy: float, threads: int, cores: int) -> int:
+    """The threads a fit runs on when ``busy`` of the ``cores`` it may use are taken: one per free core (rounded),
+    at least 1, at most ``threads``. Measured: a network pass on more threads than free cores slows to a crawl, as
+    each thread waits for the others at every operator (``benchmarks/results/fit_busy.md``)."""
+    return max(1, min(threads, int(cores - busy + 0.5)))

@@ -196,10 +196,13 @@ class _Tuning:
         self.step_times: list[float] = []
         self.total_steps = MAX_EPOCHS * max(1, len(batches))
 
-    def run(self, trial: Trial, share: float, keep: Callable[[], float] = lambda: 0.0) -> None:
-        """Train ``trial`` for ``share`` seconds less ``keep()`` (asked at every step), scored every
-        :data:`CHECK_EVERY_S` at most; it stops early after :data:`PATIENCE` scores without a new best of its own
-        (on the primary protocol), or after :data:`MAX_EPOCHS` passes of its own."""
+    def run(self, trial: Trial, share: float, keep: Callable[[], float] = lambda: 0.0,
+            scored_share: float | None = None) -> None:
+        """Train ``trial`` for ``share`` seconds less ``keep()`` (asked at every step), scored
+        :data:`EVALUATIONS_PER_SHARE` times in ``scored_share`` seconds (default ``share``: a rung, part of a share,
+        keeps the share's pace) and every :data:`CHECK_EVERY_S` at most; it stops early after :data:`PATIENCE`
+        scores without a new best of its own (on the primary protocol), or after :data:`MAX_EPOCHS` passes of its
+        own."""
         tail = self.tail
         load_trainable(tail, trial.state)
         loss_fn = losses.build(trial.candidate.loss).to(self.device)
@@ -207,7 +210,7 @@ class _Tuning:
         if trial.optimizer_state is not None:
             optimizer.load_state_dict(trial.optimizer_state)
         until = time.monotonic() + share
-        check_every = min(share / EVALUATIONS_PER_SHARE, CHECK_EVERY_S)
+        check_every = min((scored_share or share) / EVALUATIONS_PER_SHARE, CHECK_EVERY_S)
         next_check, stale = time.monotonic() + check_every, 0
         tail.train()
         while time.monotonic() < until - keep() and trial.steps < self.total_steps and stale < PATIENCE:
@@ -279,13 +282,13 @@ def tune(tail: nn.Module, cache: TrunkCache, train_rows: np.ndarray, train_label
     each = seconds * share / len(trials)
     rung = FIRST_RUNG if len(trials) > 1 else 1.0
     for trial in trials:
-        tuning.run(trial, each * rung)
+        tuning.run(trial, each * rung, scored_share=each)
         clock.line(f"  {trial.summary(primary)} (pretrained {pretrained:.4f})")
     if rung < 1.0:
         kept = protocol_leaders(trials, list(tuning.best))
         for trial in kept:
             if not trial.stopped:
-                tuning.run(trial, each * (1.0 - rung))
+                tuning.run(trial, each * (1.0 - rung), scored_share=each)
         dropped = [t.candidate.describe() for t in trials if all(t is not k for k in kept)]
         clock.line(f"  after {rung:.0%} of its share each, trained on: "
                    f"{', '.join(t.summary(primary) for t in kept)}"

@@ -46,7 +46,8 @@ def fit_once(src: Path, photos: Path, run: Path, busy: bool) -> dict:
     if done.returncode != 0:
         raise RuntimeError(f"fit failed: {done.stdout[-2000:]}{done.stderr[-2000:]}")
     record = json.loads((run / "fit.json").read_text())
-    said = [line for line in done.stdout.splitlines() if "busy" in line or "not compared" in line]
+    said = [line for line in done.stdout.splitlines() if "cores are busy" in line or "not compared" in line
+            or "too big" in line]
     return {"wall_s": wall, "stages": record["seconds"], "served": record["chosen"]["model"],
             "threads": record["sizing"]["threads"], "said": said}
 

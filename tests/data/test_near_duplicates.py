@@ -4,7 +4,6 @@ group on one side (:func:`rankopt.fit.validation.make_split`); on SYNTHETIC smoo
 from __future__ import annotations
 
 import io
-from pathlib import Path
 
 import numpy as np
 import pytest

@@ -5,26 +5,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from torch.utils.data import Dataset
 
 from rankopt.config import EvalConfig
+from helpers.vectors import Points
 from rankopt.engine.embed_and_score import embed_dataset, evaluate_model
-
-
-class Points(Dataset):
-    """SYNTHETIC: 'images' are 4-d vectors; the model is a linear map."""
-
-    def __init__(self, n: int, seed: int):
-        gen = torch.Generator().manual_seed(seed)
-        self.x = torch.randn(n, 4, generator=gen)
-        self.labels = np.arange(n).reshape(-1, 1) % 5
-        self.paths = [f"p{i}" for i in range(n)]
-
-    def __len__(self):
-        return len(self.x)
-
-    def __getitem__(self, i):
-        return {"image": self.x[i], "label": torch.tensor(self.labels[i]), "index": i, "path": self.paths[i]}
 
 
 class Linear(torch.nn.Linear):

@@ -15,6 +15,9 @@ import pytest
 import torch
 from PIL import Image
 
+from helpers.images import FIT_CLASSES as CLASSES
+from helpers.images import FIT_PER_CLASS as PER_CLASS
+from helpers.images import photo_folder
 from rankopt.config import config_to_dict, load_config
 from rankopt.data import DatasetProblems
 from rankopt.data.transforms import build_transform
@@ -68,24 +71,6 @@ def test_tail_training_keeps_batchnorm_statistics_frozen():
 
 
 # ----------------------------------------------------------------------------------------- a whole fit
-CLASSES = 6
-PER_CLASS = 8
-
-
-def photo_folder(root: Path, classes: int = CLASSES, per_class: int = PER_CLASS) -> Path:
-    """SYNTHETIC photos: one colour per class with a random darker square, 48 px JPEGs."""
-    rng = np.random.default_rng(0)
-    for c in range(classes):
-        colour = rng.integers(40, 230, 3)
-        for i in range(per_class):
-            pixels = np.tile(colour, (48, 48, 1)).astype(np.uint8)
-            x, y = rng.integers(0, 24, 2)
-            pixels[y:y + 24, x:x + 24] //= 2
-            (root / f"class{c}").mkdir(parents=True, exist_ok=True)
-            Image.fromarray(pixels).save(root / f"class{c}" / f"p{i}.jpg")
-    return root
-
-
 @pytest.fixture(scope="module")
 def pretrained(tmp_path_factory) -> Path:
     """A MobileNetV2 checkpoint with random weights at 64 px (the weights matter not: the pipeline does)."""

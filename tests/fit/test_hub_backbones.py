@@ -16,7 +16,7 @@ import torch.nn.functional as F
 from safetensors.torch import save_file
 from torch import nn
 
-from .test_fit import photo_folder as synthetic_photos
+from helpers.images import photo_folder as synthetic_photos
 
 from rankopt.cli import main
 from rankopt.data.transforms import build_transform, output_size

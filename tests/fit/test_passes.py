@@ -54,6 +54,7 @@ def _run(pass_s: float, photos: int = 50_000, budget_s: float = 600.0) -> tuple[
 
 
 @pytest.mark.parametrize(("pass_s", "framing_s", "said"), [
+    (900.0, 30.0, "past its budget"),  # the one pass alone over the 600 s budget
     (420.0, 30.0, "too big"),  # 450 s of a 600 s budget: under a quarter left
     (320.0, 10.0, "warning"),  # over half of it, but a quarter or more left
     (100.0, 10.0, None),
@@ -69,3 +70,7 @@ def test_a_folder_too_big_for_the_budget_is_said_before_the_passes(pass_s, frami
     if said == "too big":  # half the budget for the passes: 2 x 450 s = 15 min, and the seconds already spent
         minutes = int(re.search(r"--minutes (\d+) would give the fine-tuning half of it", line).group(1))
         assert minutes in (15, 16) and "every photo is indexed" in line
+    if said == "past its budget":  # the pass with a fifth to spare: 18 min; the fine-tuning: 2 x 930 s = 31 min
+        held, tuned = map(int, re.search(r"--minutes (\d+) would hold the pass, --minutes (\d+) would fine-tune",
+                                         line).groups())
+        assert held in (18, 19) and tuned in (31, 32)

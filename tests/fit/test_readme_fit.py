@@ -17,7 +17,9 @@ import httpx
 import pytest
 from helpers.servers import free_port
 
-from .test_fit import CLASSES, PER_CLASS, photo_folder
+from helpers.images import FIT_CLASSES as CLASSES
+from helpers.images import FIT_PER_CLASS as PER_CLASS
+from helpers.images import photo_folder
 
 README = Path(__file__).resolve().parents[2] / "README.md"
 MARKER = "<!-- own-photos"

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from fit.test_validation import clustered
+from helpers.vectors import clustered
 from rankopt.fit import tune as tune_module
 from rankopt.fit.clock import Clock
 from rankopt.fit.post import score_self_retrieval

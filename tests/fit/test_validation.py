@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 import torch
 
+from helpers.vectors import clustered
 from rankopt.fit.post import (
     PostChoice,
     choose_for_protocols,
@@ -30,14 +31,6 @@ from rankopt.fit.validation import (
 )
 from rankopt.postprocess import Expansion, PostProcessing
 from rankopt.postprocess.expansion import alpha_query_expansion, database_augmentation
-
-
-def clustered(n_classes: int, per_class: int, dim: int, spread: float, seed: int) -> tuple[torch.Tensor, np.ndarray]:
-    g = torch.Generator().manual_seed(seed)
-    centres = torch.randn(n_classes, dim, generator=g)
-    labels = np.repeat(np.arange(n_classes), per_class)
-    x = centres[torch.as_tensor(labels)] + spread * torch.randn(len(labels), dim, generator=g)
-    return torch.nn.functional.normalize(x, dim=1), labels
 
 
 def names(n: int) -> list[str]:

@@ -57,3 +57,21 @@ def image_bytes(colour: tuple[int, int, int], fmt: str = "PNG", size: int = 40) 
     buffer = io.BytesIO()
     Image.new("RGB", (size, size), colour).save(buffer, format=fmt)
     return buffer.getvalue()
+
+
+FIT_CLASSES, FIT_PER_CLASS = 6, 8
+"""The classes and photos a class of :func:`photo_folder` (a whole fit in the fit tests)."""
+
+
+def photo_folder(root: Path, classes: int = FIT_CLASSES, per_class: int = FIT_PER_CLASS) -> Path:
+    """SYNTHETIC photos: one colour per class with a random darker square, 48 px JPEGs."""
+    rng = np.random.default_rng(0)
+    for c in range(classes):
+        colour = rng.integers(40, 230, 3)
+        for i in range(per_class):
+            pixels = np.tile(colour, (48, 48, 1)).astype(np.uint8)
+            x, y = rng.integers(0, 24, 2)
+            pixels[y:y + 24, x:x + 24] //= 2
+            (root / f"class{c}").mkdir(parents=True, exist_ok=True)
+            Image.fromarray(pixels).save(root / f"class{c}" / f"p{i}.jpg")
+    return root

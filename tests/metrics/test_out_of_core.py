@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from engine.test_evaluation import Points  # the synthetic dataset of the embedding tests
+from helpers.vectors import Points
 
 from rankopt.cli import main
 from rankopt.engine.embed_and_score import embed_dataset

@@ -93,7 +93,7 @@ def decode_problem(path: str) -> str | None:
 HASH_SIDE = 16
 """A difference hash compares :data:`HASH_SIDE` × :data:`HASH_SIDE` neighbouring pixel pairs: 256 bits (8 × 8, the
 usual 64 bits, put three quarters of Extended Yale B's faces within 6 bits of another lighting of the same person:
-``benchmarks/results/near_duplicates.md``)."""
+``benchmarks/results/near_duplicates_64.md``)."""
 
 
 def difference_hash(img: Image.Image) -> bytes:

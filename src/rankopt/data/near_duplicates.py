@@ -21,9 +21,10 @@ from scipy.sparse.csgraph import connected_components
 from rankopt.data.image_files import HASH_SIDE, image_hash
 
 NEAR_BITS = 12
-"""Most differing hash bits (of 256) between two near-duplicates (measured, ``benchmarks/results/
-near_duplicates.md``: on Caltech-101 and Extended Yale B nearly every copy resized to half or double, and most
-re-encoded at JPEG quality 60, are within it, against a few per cent of the distinct photos of a class)."""
+"""Most differing hash bits (of 256) between two near-duplicates. Measured (``benchmarks/results/
+near_duplicates.md``): on Caltech-101, 98 % of copies resized to half, all resized to double and 97 % re-encoded
+at JPEG quality 60 are within it, against 1.6 % of the photos for their nearest distinct photo of the class; on
+Extended Yale B's small grey faces 83 %, 100 % and 73 %, against 6 %; a crop of 3 % a side is not found."""
 _BITS = np.array([bin(i).count("1") for i in range(256)], dtype=np.uint8)
 _BLOCK = 64
 

@@ -127,7 +127,13 @@ def _say_the_passes_cost(run: FitState, framing_s: float) -> None:
     left = clock.left()
     said = (f"passing the {photos:,} photos through the network once takes about {clock_text(run.pass_s)} here "
             f"(on {run.runtime.describe() if run.runtime else 'PyTorch'})")
-    if passes_s > (1 - MIN_TUNE_SHARE) * left:
+    if run.pass_s > left:
+        clock.line(f"this folder is too big for a {clock_text(clock.budget_s)} fit: {said}, more than the "
+                   f"{clock_text(left)} left; every photo is still indexed, so the fit will end past its budget, "
+                   f"with the pretrained features (--minutes {math.ceil((clock.elapsed() + 1.2 * run.pass_s) / 60)} "
+                   f"would hold the pass, --minutes "
+                   f"{math.ceil((clock.elapsed() + passes_s / (1 - 2 * MIN_TUNE_SHARE)) / 60)} would fine-tune too)")
+    elif passes_s > (1 - MIN_TUNE_SHARE) * left:
         minutes = math.ceil((clock.elapsed() + passes_s / (1 - 2 * MIN_TUNE_SHARE)) / 60)
         clock.line(f"this folder is too big for a {clock_text(clock.budget_s)} fit to do more than the pretrained "
                    f"features: {said}, which leaves the fine-tuning under {MIN_TUNE_SHARE:.0%} of the budget; expect "

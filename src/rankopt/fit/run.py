@@ -2,9 +2,10 @@
 
 The stages (each prints one line with its time and the work left, :mod:`rankopt.fit.clock`):
 
-1. ``check``: every photo opened (bad files refused, each named) before a model is loaded; the validation split
-   (:mod:`rankopt.fit.validation`: a share of every class's photos kept back as new photos of known classes and,
-   where the folder has enough classes, whole classes held out as new classes);
+1. ``check``: every photo decoded once before a model is loaded (the unreadable ones left out and listed); the
+   validation split (:mod:`rankopt.fit.validation`: a share of every class's photos kept back as new photos of
+   known classes and, where the folder has enough classes, whole classes held out as new classes; near-duplicates on
+   one side, :mod:`rankopt.data.near_duplicates`). A flat folder (no classes) goes to :mod:`rankopt.fit.flat`;
 2. ``model``: the pretrained backbone, cut into a fixed trunk and a trainable tail (:mod:`rankopt.fit.trunk`), both
    frozen parts on the faster runtime (:mod:`rankopt.export.runtimes`); ``framing``: the model's centre crop or the
    whole photo (:mod:`rankopt.fit.framing`);
@@ -216,10 +217,10 @@ def _features(run: FitState) -> None:
     run.clock.plan("tune", 0.5 * run.clock.left())
     with run.clock.stage("features") as stage:
         began = time.monotonic()
-        run.features = run.states.embed(TailStates.PRETRAINED, run.all_rows)
+        run.pretrained_embeddings = run.states.embed(TailStates.PRETRAINED, run.all_rows)
         run.tail_s = time.monotonic() - began
         began = time.monotonic()
-        _add_pipelines(run, FEATURES, run.features[torch.as_tensor(run.split.rows)])
+        _add_pipelines(run, FEATURES, run.pretrained_embeddings[torch.as_tensor(run.split.rows)])
         run.post_s = time.monotonic() - began
         stage["done"] = "pretrained features on validation: " + "; ".join(_scores_text(p) for p in run.pipelines)
 
@@ -340,7 +341,7 @@ def _scales(run: FitState) -> tuple[torch.Tensor, PostChoice, tuple[float, ...] 
     assert run.states is not None and run.served is not None and run.sizing is not None
     states, clock, served = run.states, run.clock, run.served
     state = _served_state(run)
-    embeddings = run.features if state == TailStates.PRETRAINED else states.embed(state, run.all_rows)
+    embeddings = run.pretrained_embeddings if state == TailStates.PRETRAINED else states.embed(state, run.all_rows)
     assert embeddings is not None
     states.load(state)
     choice, planned = _served_choice(run), "scales" in clock.planned
@@ -391,8 +392,8 @@ def _save_model_and_index(run: FitState, embeddings: torch.Tensor, choice: PostC
 
 def _example_embeddings(run: FitState) -> dict[str, torch.Tensor]:
     """Validation embeddings of the features and of the served model (when fine-tuned), for the report's examples."""
-    assert run.features is not None and run.states is not None and run.served is not None
-    out = {"pretrained features": run.features[torch.as_tensor(run.split.rows)]}
+    assert run.pretrained_embeddings is not None and run.states is not None and run.served is not None
+    out = {"pretrained features": run.pretrained_embeddings[torch.as_tensor(run.split.rows)]}
     if run.served.trained:
         out["served model (fine-tuned)"] = run.states.embed(run.served.model, run.split.rows)
     return out

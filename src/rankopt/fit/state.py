@@ -45,7 +45,8 @@ class FitState:
     pass_s: float = 0.0
     rate: float = 1.0
     framing: FramingChoice = field(default_factory=lambda: FramingChoice(""))
-    features: torch.Tensor | None = None
+    pretrained_embeddings: torch.Tensor | None = None
+    """The pretrained model's embedding of every photo (the ``features`` pipelines')."""
     pipelines: list[Pipeline] = field(default_factory=list)
     choices: dict[tuple[str, str], PostChoice] = field(default_factory=dict)
     tuned: TuneResult | None = None

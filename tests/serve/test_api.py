@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import base64
 import io
-import json
 import math
 
 import numpy as np
@@ -13,32 +12,10 @@ import pytest
 import torch
 from PIL import Image
 
-from rankopt.cli import main
 from rankopt.search import Index
 
 from helpers.images import image_bytes
-
-
-def upload(client, data: bytes, *, name: str = "q.png", k: int | None = 5, headers=None, fields=None):
-    params = {} if k is None else {"k": k}
-    return client.post("/search", params=params, files={"image": (name, data, "image/png")}, data=fields,
-                       headers=headers)
-
-
-def cli_records(index_dir, query_files, tmp_path, k: int = 5) -> list[dict]:
-    out = tmp_path / "cli.json"
-    assert main(["search", str(index_dir), *map(str, query_files), "--top-k", str(k), "--json", str(out),
-                 "--device", "cpu", "--no-progress"]) == 0
-    return json.loads(out.read_text())
-
-
-def assert_same_results(got: list[dict], expected: list[dict]) -> None:
-    """Same items in the same order (rank, id, path, label, metadata, match flag) and scores within 1e-5."""
-    def fields(r: dict) -> tuple:
-        return r["rank"], r["id"], r["path"], r["label"], r.get("metadata"), r.get("match")
-
-    assert [fields(r) for r in got] == [fields(r) for r in expected]
-    assert all(abs(a["score"] - b["score"]) <= 1e-5 for a, b in zip(got, expected))
+from helpers.serving import PNG, assert_same_results, cli_records, upload
 
 
 def test_upload_and_base64_answer_the_records_of_rankopt_search(client, index_dir, query_files, tmp_path, capsys):
@@ -107,7 +84,6 @@ def _bomb(side: int) -> bytes:
     return buffer.getvalue()
 
 
-PNG = image_bytes((200, 30, 30))
 def _noisy_jpeg() -> bytes:
     buffer = io.BytesIO()
     Image.fromarray(np.random.default_rng(0).integers(0, 256, (96, 96, 3), dtype=np.uint8)).save(buffer, format="JPEG")

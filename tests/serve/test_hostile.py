@@ -18,7 +18,7 @@ from rankopt.serve.settings import HostRule, host_name
 from rankopt.serve.limits import Limits
 from rankopt.serve.prometheus import OTHER
 
-from .test_api import PNG, upload
+from helpers.serving import PNG, upload
 
 
 def assert_refused(answer, status: int, message: str) -> None:

@@ -24,7 +24,7 @@ from rankopt.serve.images import CHECKABLE_FORMATS, check_formats, decode_upload
 from rankopt.serve.errors import ApiError
 from rankopt.serve.limits import DEFAULT_FORMATS, Limits
 
-from .test_api import upload
+from helpers.serving import upload
 
 GREY = 30000  # of 65535: 116 in 8 bits
 TIFF_TAIL = 256

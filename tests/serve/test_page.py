@@ -10,7 +10,7 @@ import time
 import pytest
 from helpers.pages import screenshot_stats
 
-from .test_api import cli_records
+from helpers.serving import cli_records
 
 K = 5
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import httpx
 
-from .test_api import assert_same_results, cli_records
+from helpers.serving import assert_same_results, cli_records
 
 
 def test_the_real_server_answers_over_http(live_server, served, query_files, tmp_path, capsys):

@@ -20,7 +20,7 @@ from rankopt.serve.server import check_host
 from helpers.images import image_bytes
 
 from .conftest import TEST_HOSTS
-from .test_api import PNG, assert_same_results, cli_records, upload
+from helpers.serving import PNG, assert_same_results, cli_records, upload
 
 SAMPLE = re.compile(r'^([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{((?:[a-zA-Z_]\w*="(?:[^"\\]|\\.)*",?)*)\})? (\S+)$')
 

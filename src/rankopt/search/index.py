@@ -99,8 +99,7 @@ class Index:
     # ------------------------------------------------------------------ construction
     @classmethod
     def build(cls, model_or_checkpoint: nn.Module | Embedder | str | os.PathLike[str], images_or_dataset: ImageSource,
-              *,
-              transform: Any = None, preprocessing: Mapping[str, Any] | None = None,
+              *, transform: Any = None, preprocessing: Mapping[str, Any] | None = None,
               similarity: str = INDEX.similarity, postprocessing: PostProcessing | None = None,
               faiss: str | None = None, faiss_params: str | None = None, metadata: MetadataSource | None = None,
               batch_size: int = EMBED.batch_size, device: str = EMBED.device, num_workers: int = EMBED.num_workers,

@@ -8,6 +8,7 @@ without a terminal shows progress too.
 from __future__ import annotations
 
 import contextlib
+import math
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -42,6 +43,10 @@ class Clock:
     def left(self) -> float:
         """Seconds of the budget not yet spent (negative once over)."""
         return self.budget_s - self.elapsed()
+
+    def minutes_for(self, seconds: float) -> int:
+        """The ``--minutes`` that would hold ``seconds`` more work after what has been spent."""
+        return math.ceil((self.elapsed() + seconds) / 60)
 
     def plan(self, stage: str, seconds: float) -> None:
         """Expect ``stage`` to take ``seconds`` (shown in the remaining-work estimate until it is done)."""

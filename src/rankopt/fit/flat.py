@@ -26,6 +26,7 @@ from rankopt.files import write_text_atomic
 from rankopt.fit.clock import Clock, clock_text
 from rankopt.fit.output import save_model, steps_text
 from rankopt.fit.page import write_flat_report
+from rankopt.fit.passes import PASS_MARGIN
 from rankopt.fit.record import FitRecord
 from rankopt.fit.settings import FitSettings
 from rankopt.fit.sizing import CPU_BATCH
@@ -76,7 +77,7 @@ def fit_flat(dataset: RetrievalDataset, source: str, folder: Any, settings: FitS
     why = ["no class folders: the photos have no classes, so nothing can be fine-tuned or validated; the pretrained "
            "features are served (put each kind of photo in its own folder for a fine-tuned model and a measured "
            "choice)", f"post-processing: {WHY_FLAT_STEPS}"]
-    served = f"features ({cfg.data.test_transform}) + {_steps_words(FLAT_STEPS)}"
+    served = f"features ({cfg.data.test_transform}) + {steps_text(index)}"
     chosen = {"model": "features", "served_name": "features", "from": "pretrained", "decided_on": None,
               "pipeline": served, "post": {"whitening": None, "dba": None,
                                            "qe": dataclasses.asdict(FLAT_STEPS.qe) if FLAT_STEPS.qe else None},
@@ -96,11 +97,6 @@ def fit_flat(dataset: RetrievalDataset, source: str, folder: Any, settings: FitS
     return record
 
 
-def _steps_words(post: PostProcessing) -> str:
-    words = [f"{name} k={e.k} alpha={e.alpha:g}" for name, e in (("DBA", post.dba), ("αQE", post.qe)) if e]
-    return ", ".join(words) or "no post-processing"
-
-
 def _say_the_pass_cost(embedder: Embedder, dataset: RetrievalDataset, clock: Clock) -> None:
     """One line before the pass when it will not end within the budget: the budget that would hold it."""
     sample = [dataset.paths[i] for i in np.linspace(0, len(dataset) - 1, min(32, len(dataset))).astype(int)]
@@ -108,7 +104,7 @@ def _say_the_pass_cost(embedder: Embedder, dataset: RetrievalDataset, clock: Clo
     embedder.embed(sample)
     pass_s = len(dataset) * (time.monotonic() - began) / len(sample)
     if pass_s > clock.left():
-        minutes = int(np.ceil((clock.elapsed() + 1.2 * pass_s) / 60))
+        minutes = clock.minutes_for(PASS_MARGIN * pass_s)
         clock.line(f"indexing the {len(dataset):,} photos takes about {clock_text(pass_s)} here, more than the "
                    f"{clock_text(clock.left())} left of the budget: every photo is indexed anyway "
                    f"(--minutes {minutes} would hold it)")

@@ -10,7 +10,6 @@ budget that would fine-tune; the framing is then not compared (the model's own i
 from __future__ import annotations
 
 import dataclasses
-import math
 import time
 
 import numpy as np
@@ -38,6 +37,8 @@ FRAMING_COST = 2.5
 FRAMING_MAX = 1000
 """Kept-back photos the framing choice compares the two framings on, at most (sampled by class)."""
 MIN_TUNE_SHARE = 0.25
+PASS_MARGIN = 1.2
+"""The budget said to hold one pass over the photos, as a multiple of its estimate."""
 """Below this share of the budget left after the network passes, the fit says the fine-tuning has too little time."""
 
 
@@ -127,14 +128,14 @@ def _say_the_passes_cost(run: FitState, framing_s: float) -> None:
     left = clock.left()
     said = (f"passing the {photos:,} photos through the network once takes about {clock_text(run.pass_s)} here "
             f"(on {run.runtime.describe() if run.runtime else 'PyTorch'})")
+    tuning_minutes = clock.minutes_for(passes_s / (1 - 2 * MIN_TUNE_SHARE))
     if run.pass_s > left:
         clock.line(f"this folder is too big for a {clock_text(clock.budget_s)} fit: {said}, more than the "
                    f"{clock_text(left)} left; every photo is still indexed, so the fit will end past its budget, "
-                   f"with the pretrained features (--minutes {math.ceil((clock.elapsed() + 1.2 * run.pass_s) / 60)} "
-                   f"would hold the pass, --minutes "
-                   f"{math.ceil((clock.elapsed() + passes_s / (1 - 2 * MIN_TUNE_SHARE)) / 60)} would fine-tune too)")
+                   f"with the pretrained features (--minutes {clock.minutes_for(PASS_MARGIN * run.pass_s)} would "
+                   f"hold the pass, --minutes {tuning_minutes} would fine-tune too)")
     elif passes_s > (1 - MIN_TUNE_SHARE) * left:
-        minutes = math.ceil((clock.elapsed() + passes_s / (1 - 2 * MIN_TUNE_SHARE)) / 60)
+        minutes = tuning_minutes
         clock.line(f"this folder is too big for a {clock_text(clock.budget_s)} fit to do more than the pretrained "
                    f"features: {said}, which leaves the fine-tuning under {MIN_TUNE_SHARE:.0%} of the budget; expect "
                    f"the features to be served (every photo is indexed either way). --minutes {minutes} would give "

@@ -138,15 +138,12 @@ def _fit(photos_source: str | os.PathLike[str], folder: Path, settings: FitSetti
     if photos is None:
         record = fit_flat(dataset, str(photos_source), folder, settings, clock, resolve_device(settings.device),
                           skipped)
-        layout.clear_unfinished(folder)
-        clock.line(f"finished in {clock_text(clock.elapsed())} (budget {clock_text(clock.budget_s)}): "
-                   f"rankopt serve {folder}")
-        return record.to_json()
-    run = FitState(settings, str(photos_source), folder, clock, resolve_device(settings.device), photos,
-                   skipped=skipped)
-    with tempfile.TemporaryDirectory(prefix="rankopt-fit-") as scratch:
-        run.scratch = Path(scratch)
-        record = _stages(run)
+    else:
+        run = FitState(settings, str(photos_source), folder, clock, resolve_device(settings.device), photos,
+                       skipped=skipped)
+        with tempfile.TemporaryDirectory(prefix="rankopt-fit-") as scratch:
+            run.scratch = Path(scratch)
+            record = _stages(run)
     layout.clear_unfinished(folder)
     clock.line(f"finished in {clock_text(clock.elapsed())} (budget {clock_text(clock.budget_s)}): "
                f"rankopt serve {folder}")

@@ -33,6 +33,8 @@ from rankopt.fit.validation import (
     Scores,
     ValidationSplit,
     admissible,
+    mixed_value,
+    search_mix,
 )
 from rankopt.postprocess import (
     Expansion,
@@ -188,9 +190,9 @@ def choose_for_protocols(x: torch.Tensor, split: ValidationSplit, *, dba: bool =
     """For each protocol of ``split``, the steps chosen on its queries against the validation index
     (:func:`rankopt.fit.validation.score`), the whitenings fitted on the training photos of the validation index
     (``x``: the embeddings of :attr:`ValidationSplit.rows`); with both protocols, also ``both``: the best steps on
-    known queries among those :func:`~rankopt.fit.validation.admissible` on new ones against ``floor`` (default:
-    the best of ``x`` alone and the steps chosen for new queries). Each choice's metrics are those it was chosen
-    on (``both``: known queries)."""
+    the mix of searches (:func:`~rankopt.fit.validation.mixed_value`) among those
+    :func:`~rankopt.fit.validation.admissible` on new ones against ``floor`` (default: ``x`` alone, the plain
+    features when ``x`` holds them). Each choice's metrics are those of its own protocol (``both``: known queries)."""
     train_rows = np.intersect1d(split.train, split.gallery)  # the training photos the validation index holds
     train_x, train_labels = x[split.positions(train_rows)], split.labels[train_rows]
     choices = {}
@@ -202,30 +204,31 @@ def choose_for_protocols(x: torch.Tensor, split: ValidationSplit, *, dba: bool =
     if NEW not in split.protocols:
         return choices
     if floor is None:
-        floor = max((validation.score(x, split, NEW), validation.score(x, split, NEW, choices[NEW].steps(
-            choices[NEW].fitted_whitening))), key=lambda s: s.value)
+        floor = validation.score(x, split, NEW)
     choices[BOTH] = choose_for_both(x, split, train_x, train_labels, choices, floor)
     return choices
 
 
 def choose_for_both(x: torch.Tensor, split: ValidationSplit, train_x: torch.Tensor, train_labels: np.ndarray,
                     choices: dict[str, PostChoice], floor: Scores) -> PostChoice:
-    """The best steps on known queries among those :func:`~rankopt.fit.validation.admissible` on new ones against
-    ``floor``. Admissibility is a property of the complete steps (a whitening that alone falls below the bar can
+    """The best steps on the mix of searches of ``--queries both`` (:func:`~rankopt.fit.validation.mixed_value`)
+    among those :func:`~rankopt.fit.validation.admissible` on new ones against ``floor``. Admissibility is a property of the complete steps (a whitening that alone falls below the bar can
     pass it once DBA and αQE follow), so whole pipelines are compared: every whitening of the grid (and none) with
-    the expansions chosen for known queries, for new queries, or none. Ties on known go to the better on new."""
+    the expansions chosen for known queries, for new queries, or none. Ties go to the better on new."""
     tried: list[tuple[str, float]] = []
     expansions = list(dict.fromkeys([(None, None), *((c.dba, c.qe) for c in choices.values())]))
     whitenings: list[tuple[WhiteningChoice | None, Whitening | None]] = [(None, None)]
     whitenings += _whitenings(train_x, train_labels, tried)
     best: tuple[float, float] = (float("-inf"), float("-inf"))
+    mix = search_mix(BOTH, split.protocols)
     chosen = PostChoice(None, None, None, {}, tried)
     for (choice, fitted), (dba, qe) in itertools.product(whitenings, expansions):
         candidate = PostChoice(choice, dba, qe, {}, tried, fitted)
         scores = validation.score_all(x, split, candidate.steps(fitted))
         ok = admissible(floor, scores[NEW])[0]
-        tried.append((candidate.describe(), scores[KNOWN].value if ok else float("-inf")))
-        if ok and (scores[KNOWN].value, scores[NEW].value) > best:
-            best, chosen = (scores[KNOWN].value, scores[NEW].value), candidate
+        value = mixed_value(scores, mix) if ok else float("-inf")
+        tried.append((candidate.describe(), value))
+        if ok and (value, scores[NEW].value) > best:
+            best, chosen = (value, scores[NEW].value), candidate
     chosen.metrics = validation.score(x, split, KNOWN, chosen.steps(chosen.fitted_whitening)).metrics
     return chosen

@@ -39,7 +39,8 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--queries", choices=QUERIES, default=defaults.queries,
                         help="the searches the index will answer, which choose what is served: known = new photos of "
                              "the classes in PHOTOS, new = photos of other classes, both = the best on "
-                             "known among those no worse than the pretrained features on new "
+                             "a mix of 3 known searches in 4 and 1 new, among those no worse than the pretrained "
+                             "features on new "
                              f"(default {defaults.queries})")
     parser.add_argument("--overwrite", action="store_true",
                         help="replace RUN when it holds a fit (finished or stopped part-way); never another folder")

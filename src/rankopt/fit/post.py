@@ -7,8 +7,10 @@ one protocol and hurts the other is seen as such; the benchmarks score the paper
 is scored on. Greedy order, as the steps apply: the best whitening (none, PCA, supervised, each with a shrinkage)
 by validation mAP@R, then DBA ``(k, α)`` with it, then αQE with both; a step is kept only when it raises
 validation mAP@R (DBA is skipped on request). For ``--queries both`` (:func:`choose_for_both`) whole pipelines are
-compared instead, since the bar on new classes holds for the complete steps, not for each step alone. The grids are those of ``benchmarks/landmark_toolbox.py`` (ICCV'19 §5
-and its validated variants); results on Caltech-101 in ``benchmarks/results/landmark_toolbox_caltech101.md``.
+compared instead, since the bar on new classes holds for the complete steps, not for each step alone. The
+whitenings are fitted once per set of embeddings and shared by every protocol's choice. The grids are those of
+``benchmarks/landmark_toolbox.py`` (ICCV'19 §5 and its validated variants); results on Caltech-101 in
+``benchmarks/results/landmark_toolbox_caltech101.md``.
 """
 
 from __future__ import annotations
@@ -128,9 +130,15 @@ def score_self_retrieval(x: torch.Tensor, labels: np.ndarray, post: PostProcessi
     return dict(result.metrics), {name: dict(r.metrics) for name, r in result.by_category.items()}
 
 
-def _whitenings(train_x: torch.Tensor, train_labels: np.ndarray, tried: list[tuple[str, float]]
-                ) -> list[tuple[WhiteningChoice, Whitening]]:
-    """Every whitening of the grid fitted on ``train_x``; the singular or unstable ones are noted in ``tried``."""
+FittedWhitenings = list[tuple[WhiteningChoice, Whitening]]
+"""The whitenings of the grid fitted on one set of training embeddings (:func:`fit_whitenings`)."""
+
+
+def fit_whitenings(train_x: torch.Tensor, train_labels: np.ndarray, tried: list[tuple[str, float]]
+                   ) -> FittedWhitenings:
+    """Every whitening of the grid fitted on ``train_x``; the singular or unstable ones are noted in ``tried``.
+    Fitted once per set of embeddings and shared by every choice made on it (each fit is an eigendecomposition
+    of a ``D x D`` matrix: on 1280-d features, most of the time a choice takes)."""
     fitted_ones = []
     for kind, shrinkage in itertools.product(("pca", "supervised"), SHRINKAGES):
         choice = WhiteningChoice(kind, shrinkage)
@@ -143,11 +151,15 @@ def _whitenings(train_x: torch.Tensor, train_labels: np.ndarray, tried: list[tup
 
 
 def choose_steps(train_x: torch.Tensor, train_labels: np.ndarray, evaluate: Callable[[PostProcessing], float], *,
-                 dba: bool = True, ks: Sequence[int] = EXPANSION_KS) -> PostChoice:
+                 dba: bool = True, ks: Sequence[int] = EXPANSION_KS,
+                 whitenings: FittedWhitenings | None = None) -> PostChoice:
     """The greedy choice (module docstring): ``evaluate(steps)`` scores a candidate on validation, ``train_*`` fit
-    the whitenings; ``dba=False``: DBA is not tried; ``ks``: the neighbour counts tried for DBA and αQE. The
-    choice's :attr:`PostChoice.metrics` is ``{SELECT_ON: value}`` of the chosen steps."""
+    the whitenings (unless ``whitenings`` holds them, :func:`fit_whitenings`); ``dba=False``: DBA is not tried;
+    ``ks``: the neighbour counts tried for DBA and αQE. The choice's :attr:`PostChoice.metrics` is
+    ``{SELECT_ON: value}`` of the chosen steps."""
     tried: list[tuple[str, float]] = []
+    if whitenings is None:
+        whitenings = fit_whitenings(train_x, train_labels, tried)
 
     def scored(post: PostProcessing, what: str) -> float:
         value = evaluate(post)
@@ -156,7 +168,7 @@ def choose_steps(train_x: torch.Tensor, train_labels: np.ndarray, evaluate: Call
 
     best_value = scored(PostProcessing(), "none")
     best_w, best_white = None, None
-    for choice, fitted in _whitenings(train_x, train_labels, tried):
+    for choice, fitted in whitenings:
         value = scored(PostProcessing(None, fitted), choice.describe())
         if value > best_value:
             best_w, best_white, best_value = choice, fitted, value
@@ -195,34 +207,39 @@ def choose_for_protocols(x: torch.Tensor, split: ValidationSplit, *, dba: bool =
     features when ``x`` holds them). Each choice's metrics are those of its own protocol (``both``: known queries)."""
     train_rows = np.intersect1d(split.train, split.gallery)  # the training photos the validation index holds
     train_x, train_labels = x[split.positions(train_rows)], split.labels[train_rows]
+    skipped: list[tuple[str, float]] = []
+    whitenings = fit_whitenings(train_x, train_labels, skipped)
     choices = {}
     for protocol in split.protocols:
         choice = choose_steps(train_x, train_labels,
-                              lambda post, p=protocol: validation.score(x, split, p, post).value, dba=dba, ks=ks)
+                              lambda post, p=protocol: validation.score(x, split, p, post).value, dba=dba, ks=ks,
+                              whitenings=whitenings)
+        choice.tried[:0] = skipped
         choice.metrics = validation.score(x, split, protocol, choice.steps(choice.fitted_whitening)).metrics
         choices[protocol] = choice
     if NEW not in split.protocols:
         return choices
     if floor is None:
         floor = validation.score(x, split, NEW)
-    choices[BOTH] = choose_for_both(x, split, train_x, train_labels, choices, floor)
+    choices[BOTH] = choose_for_both(x, split, whitenings, choices, floor)
+    choices[BOTH].tried[:0] = skipped
     return choices
 
 
-def choose_for_both(x: torch.Tensor, split: ValidationSplit, train_x: torch.Tensor, train_labels: np.ndarray,
+def choose_for_both(x: torch.Tensor, split: ValidationSplit, whitenings: FittedWhitenings,
                     choices: dict[str, PostChoice], floor: Scores) -> PostChoice:
     """The best steps on the mix of searches of ``--queries both`` (:func:`~rankopt.fit.validation.mixed_value`)
-    among those :func:`~rankopt.fit.validation.admissible` on new ones against ``floor``. Admissibility is a property of the complete steps (a whitening that alone falls below the bar can
+    among those :func:`~rankopt.fit.validation.admissible` on new ones against ``floor``. Admissibility is a
+    property of the complete steps (a whitening that alone falls below the bar can
     pass it once DBA and αQE follow), so whole pipelines are compared: every whitening of the grid (and none) with
     the expansions chosen for known queries, for new queries, or none. Ties go to the better on new."""
     tried: list[tuple[str, float]] = []
     expansions = list(dict.fromkeys([(None, None), *((c.dba, c.qe) for c in choices.values())]))
-    whitenings: list[tuple[WhiteningChoice | None, Whitening | None]] = [(None, None)]
-    whitenings += _whitenings(train_x, train_labels, tried)
+    candidates: list[tuple[WhiteningChoice | None, Whitening | None]] = [(None, None), *whitenings]
     best: tuple[float, float] = (float("-inf"), float("-inf"))
     mix = search_mix(BOTH, split.protocols)
     chosen = PostChoice(None, None, None, {}, tried)
-    for (choice, fitted), (dba, qe) in itertools.product(whitenings, expansions):
+    for (choice, fitted), (dba, qe) in itertools.product(candidates, expansions):
         candidate = PostChoice(choice, dba, qe, {}, tried, fitted)
         scores = validation.score_all(x, split, candidate.steps(fitted))
         ok = admissible(floor, scores[NEW])[0]

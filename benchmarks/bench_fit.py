@@ -29,6 +29,8 @@ Rows (each a real ``rankopt fit`` process, its wall time and peak resident memor
   each photo written as JPEG files under ``--out`` (mirrored; centre crops of 90 % and 80 % of each side, each also
   mirrored: 3 and 6 files a photo, the first kept), each in its photo's class; defaults; the time each stage cost.
 * ``small``: 10 categories x 20 photos; should finish within 2 minutes and say how little it could learn.
+* ``ROW@BACKBONE`` (e.g. ``known@efficientnet_lite0``): a Caltech-101 row fitted with ``--backbone BACKBONE``, its
+  reference rows scored with that backbone's released ImageNet weights.
 * ``held-out-30min``: ``held-out`` with ``--minutes 30``: what three times the default budget buys.
 
 Folders of symbolic links are made under ``--out`` (never in the photos' folder). Runs already finished there are
@@ -383,16 +385,19 @@ def main() -> None:
     plan = [(int(seed), order, name) for order, (name, _, seeds) in enumerate(r.partition(":") for r in args.rows)
             for seed in (seeds.split(",") if seeds else args.seeds)]
     for seed, _, row in sorted(plan):  # seed by seed, rows in the order given
-        result = run_fit(trees[row], args.out / f"{row}-s{seed}", seed, minutes[row], options.get(row, ()))
+        base, _, backbone = row.partition("@")
+        extra = ("--backbone", backbone) if backbone else ()
+        reference = pretrained_checkpoint(backbone) if backbone else features_ckpt
+        result = run_fit(trees[base], args.out / f"{row}-s{seed}", seed, minutes[base], options.get(base, extra))
         runs.setdefault(row, []).append(result)
         print(f"{row} seed {seed}: {result['wall_s']:.0f} s, {result['peak_gib']:.2f} GiB, "
               f"{result['indexed']} indexed", flush=True)
-        if row.startswith("held-out"):
-            held.setdefault(row, []).append(held_out_scores(args.out / f"{row}-s{seed}", root, features_ckpt))
+        if base.startswith("held-out"):
+            held.setdefault(row, []).append(held_out_scores(args.out / f"{row}-s{seed}", root, reference))
             print(json.dumps(held[row][-1], indent=1), flush=True)
-        if row in closed:
-            indexed, queries = closed[row]
-            release = released[row] or pretrained_checkpoint("mobilefacenet")
+        if base in closed:
+            indexed, queries = closed[base]
+            release = reference if backbone else released[base] or pretrained_checkpoint("mobilefacenet")
             known.setdefault(row, []).append(closed_set_scores(args.out / f"{row}-s{seed}", indexed, queries, release))
             print(json.dumps(known[row][-1], indent=1), flush=True)
         if row == "yaleb":
@@ -419,7 +424,8 @@ def main() -> None:
                      f"{', '.join(r['fit']['chosen']['model'] for r in results)} |")
     scaled = [row for row in runs if row in ("whole", "scale-25k", "scale-50k")]
     if scaled:
-        stages = list(runs[scaled[0]][0]["fit"]["seconds"])
+        stages = list(dict.fromkeys(k for row in scaled for r in runs[row] for k in r["fit"]["seconds"]
+                                    if k != "total")) + ["total"]  # every stage any run had (scales: when tried)
         lines += ["", "## At scale: what each stage cost (seconds, mean over the runs)", "",
                   "| row | photos | runtime | " + " | ".join(stages) + " | served |",
                   "|---|---|---|" + "---|" * len(stages) + "---|"]
@@ -430,16 +436,20 @@ def main() -> None:
                 f"{statistics.mean(r['fit']['seconds'].get(k, 0.0) for r in results):.0f}" for k in stages)
                 + f" | {', '.join(r['fit']['chosen']['model'] for r in results)} |")
     for row, scores in known.items():
-        what = "Caltech-101, all 100 categories" if row == "known" else "Extended Yale B, all 38 people"
-        count = len(closed[row][1])
+        base, _, backbone = row.partition("@")
+        what = "Caltech-101, all 100 categories" if base == "known" else "Extended Yale B, all 38 people"
+        what += f" (`--backbone {backbone}`)" if backbone else ""
+        count = len(closed[base][1])
         lines += ["", f"## Closed-set ({row}): {what}; {count:,} photos never shown to fit, searched as new photos "
-                  f"in the served index of the other {len(closed[row][0]):,}", "",
+                  f"in the served index of the other {len(closed[base][0]):,}", "",
                   "| pipeline | runs | mAP@R | R@1 |", "|---|---|---|---|"]
         for name in scores[0]:
             lines.append(f"| {name} | {len(scores)} | {mean_sd([h[name]['map@r'] for h in scores])} | "
                          f"{mean_sd([h[name]['recall@1'] for h in scores])} |")
     for row, scores in held.items():
-        budget = "" if minutes[row] is None else f" with `--minutes {minutes[row]:g}`"
+        base, _, backbone = row.partition("@")
+        budget = "" if minutes[base] is None else f" with `--minutes {minutes[base]:g}`"
+        budget += f" (`--backbone {backbone}`)" if backbone else ""
         lines += ["", f"## Held out{budget}: fit on the 50 training categories, scored on the 50 test categories "
                   "(3,063 photos)", "", "| pipeline | runs | mAP@R | R@1 |", "|---|---|---|---|"]
         for name in scores[0]:

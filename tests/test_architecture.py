@@ -1,9 +1,12 @@
 """The house's shape: no import circle, every import looks down (docs/ARCHITECTURE.md), no other package's private
-module, no file over 500 lines, no function over 100."""
+module, no file over 500 lines, no function over 100; the commands start without the packages only some of them
+need."""
 
 from __future__ import annotations
 
 import importlib.util
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -77,3 +80,18 @@ def test_no_source_file_over_500_lines(house):
 def test_no_function_over_100_lines(house):
     found, _, _ = house
     assert draw_imports.long_functions(found) == {}
+
+
+HEAVY_FOR_THE_COMMANDS = ("sklearn", "pytorch_metric_learning", "scipy.stats", "matplotlib")
+"""Packages that take seconds to import on a busy 2-core machine and that ``fit`` needs only to draw its report,
+``index`` and ``serve`` never: loaded where they are used, so a command's start is not spent on them."""
+
+
+def test_the_commands_start_without_the_heavy_packages():
+    modules = ["rankopt.cli", "rankopt.cli.fit", "rankopt.fit.run", "rankopt.cli.index", "rankopt.search.index",
+               "rankopt.losses"]
+    code = (f"import importlib, sys\nfor m in {modules!r}: importlib.import_module(m)\n"
+            f"print(sorted(m for m in sys.modules if m.split('.')[0] in {HEAVY_FOR_THE_COMMANDS!r} "
+            f"or m.startswith('scipy.stats')))")
+    loaded = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert loaded.strip() == "[]", f"imported at start: {loaded.strip()[:500]}"

@@ -6,6 +6,7 @@ skipped when unset). The rest of the suite runs on PyTorch (``RANKOPT_RUNTIME=to
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -29,7 +30,7 @@ from rankopt.fit.trunk import flat_trunk, frozen_forwards, trunk_outputs  # noqa
 from rankopt.models import create_model  # noqa: E402
 from rankopt.models.fingerprint import model_fingerprint  # noqa: E402
 from rankopt.models.stages import cut  # noqa: E402
-from rankopt.postprocess import PostProcessing  # noqa: E402
+from rankopt.postprocess import PostProcessing, fit_supervised_whitening  # noqa: E402
 from rankopt.search import Embedder, Index  # noqa: E402
 
 PREPROCESSING = {"transform": "test", "image_size": 40}
@@ -187,6 +188,25 @@ def test_multiscale_and_whitening_embed_on_onnxruntime(tmp_path, cache):
     a, b = fast.embed(tree).embeddings, slow.embed(tree).embeddings
     assert fast.active_runtime.name == "onnxruntime"
     assert float(row_cosines(a, b).min()) >= COSINE_TOLERANCE
+
+
+def test_every_whitening_of_a_model_shares_its_one_export(tmp_path, cache):
+    tree = class_tree(tmp_path / "gallery")
+    checkpoint = write_checkpoint(tmp_path / "model.ckpt", ["model.pooling=gem"])
+    plain = Embedder.from_checkpoint(checkpoint, device="cpu", runtime="onnx", progress=False)
+    x = plain.embed(tree).embeddings
+    labels = np.arange(len(x)) % 3
+    exports = sorted((cache / "onnx").glob("*.onnx"))
+    assert len(exports) == 1
+    for shrinkage in (0.1, 0.5):  # two whitenings: two fingerprints of the embedder, one network
+        whitening = fit_supervised_whitening(x, labels, shrinkage=shrinkage)
+        whitening = dataclasses.replace(whitening, model_fingerprint=plain.fingerprint)
+        whitened = Embedder.from_checkpoint(checkpoint, device="cpu", runtime="onnx", progress=False)
+        whitened = whitened.with_postprocessing(PostProcessing(whitening=whitening))
+        assert whitened.fingerprint != plain.fingerprint
+        y = whitened.embed(tree).embeddings
+        assert whitened.active_runtime.name == "onnxruntime" and sorted((cache / "onnx").glob("*.onnx")) == exports
+        assert float(row_cosines(y, whitening.apply(x)).min()) >= COSINE_TOLERANCE
 
 
 def test_the_service_names_its_runtime_in_health(tmp_path, cache):

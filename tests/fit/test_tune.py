@@ -41,6 +41,22 @@ def test_tuning_never_returns_a_state_worse_than_the_pretrained_one():
         assert max(m["known"]["map@r"] for _, m in steps) <= result.pretrained["known"]["map@r"]
 
 
+def test_with_no_time_no_candidate_runs_and_known_pretrained_scores_are_not_recomputed(monkeypatch):
+    tail = torch.nn.Sequential(torch.nn.Flatten(1), torch.nn.Linear(8, 8))
+    x, labels = clustered(8, 6, 8, 0.3, 0)
+    built = []
+    monkeypatch.setattr(tune_module, "_optimizer", lambda *a: built.append(a) or pytest.fail("no optimizer"))
+
+    def validate():
+        pytest.fail("the pretrained scores were given")
+
+    result = tune(tail, TrunkCache(x.clone(), (8,)), np.arange(24), labels[:24], validate,
+                  [Candidate("sup_ap", 1e-3), Candidate("sup_ap", 1e-2)], seconds=0.0,
+                  clock=Clock(10, say=lambda _: None), pretrained_scores=known(0.5))
+    assert not built and [t.steps for t in result.trials] == [0, 0]
+    assert result.best_state is None and result.best_metrics == known(0.5)["known"]
+
+
 def _linear_tail_setup(seed: int = 0):
     torch.manual_seed(seed)
     tail = torch.nn.Sequential(torch.nn.Flatten(1), torch.nn.Linear(8, 8))

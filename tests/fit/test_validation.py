@@ -13,6 +13,7 @@ from rankopt.fit.post import (
     PostChoice,
     choose_for_protocols,
     choose_postprocessing,
+    fit_whitenings,
     score_self_retrieval,
 )
 from rankopt.fit.validation import (
@@ -22,6 +23,7 @@ from rankopt.fit.validation import (
     NEW,
     OPEN_MIN_CLASSES,
     Pipeline,
+    Scorer,
     Scores,
     admissible,
     choose_served,
@@ -113,6 +115,32 @@ def test_a_protocol_is_scored_as_the_index_answers_it():
         expanded = alpha_query_expansion(x[q_rows], augmented, Expansion(2, 2.0))
         by_hand = brute_map_at_r(expanded, labels[q_rows], augmented, labels[g_rows])
         assert score(x, split, protocol, steps).value == pytest.approx(by_hand, abs=1e-6)
+
+
+def test_the_scorer_whitens_once_and_scores_as_score_all(monkeypatch):
+    x, labels = clustered(12, 8, 16, 0.8, 2)
+    split = make_split(labels, names(12), seed=1)
+    train = np.intersect1d(split.train, split.gallery)
+    tried: list = []
+    whitenings = [w for _, w in fit_whitenings(x[split.positions(train)], split.labels[train], tried)]
+    assert len(whitenings) == 6 and not tried  # PCA and supervised at three shrinkages each
+    applied = []
+    original = type(whitenings[0]).apply
+    monkeypatch.setattr(type(whitenings[0]), "apply",
+                        lambda self, *a, **k: applied.append(self) or original(self, *a, **k))
+    scorer = Scorer(x, split)
+    for whitening in whitenings:
+        for dba, qe in ((None, None), (Expansion(3, 1.0), None), (Expansion(2, 1.0), Expansion(2, 2.0))):
+            steps = PostProcessing(None, whitening, dba, qe)
+            cached, direct = scorer.all(steps), score_all(x, split, steps)
+            for protocol in split.protocols:
+                assert cached[protocol].metrics == pytest.approx(direct[protocol].metrics, abs=1e-6)
+                assert cached[protocol].by_class.keys() == direct[protocol].by_class.keys()
+                for name, metrics in direct[protocol].by_class.items():
+                    assert cached[protocol].by_class[name] == pytest.approx(metrics, abs=1e-6)
+    # each whitening applied once by the scorer (then once per direct call): 6 + 6 x 3
+    assert len(applied) == len(whitenings) * 4
+    assert scorer.one(KNOWN).value == pytest.approx(score(x, split, KNOWN).value)
 
 
 def test_post_processing_is_chosen_per_protocol_with_the_scores_of_its_own_steps():

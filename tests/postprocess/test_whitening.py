@@ -14,6 +14,7 @@ from rankopt.postprocess import (
     fit_supervised_whitening,
     load_whitening,
     matching_pairs,
+    pair_covariance,
     save_whitening,
 )
 from rankopt.postprocess.whitening import shrink
@@ -84,6 +85,22 @@ def test_supervised_whitening_makes_the_pair_covariance_the_identity():
     assert torch.allclose(diff.T @ diff / len(diff), torch.eye(5, dtype=torch.float64), atol=1e-10)
     cov = _cov(_projected(w, x))  # rotated so the total covariance is diagonal, descending
     assert torch.allclose(cov, torch.diag(cov.diag()), atol=1e-9) and bool((cov.diag().diff() <= 1e-12).all())
+
+
+def test_a_shared_pair_covariance_gives_the_same_whitening_at_every_shrinkage():
+    gen = torch.Generator().manual_seed(2)
+    labels = torch.arange(12).repeat_interleave(5)
+    x = torch.randn(12, 8, generator=gen)[labels] * 2 + torch.randn(60, 8, generator=gen)
+    pairs = pair_covariance(x, labels, max_pairs_per_class=6, seed=1)
+    diff = (x[matching_pairs(labels, max_pairs_per_class=6, seed=1)[:, 0]]
+            - x[matching_pairs(labels, max_pairs_per_class=6, seed=1)[:, 1]]).double()
+    assert pairs.pairs == 12 * 6 and torch.allclose(pairs.matrix, diff.T @ diff / len(diff), atol=1e-12)
+    for shrinkage in (0.0, 0.1, 0.6):
+        alone = fit_supervised_whitening(x, labels, shrinkage=shrinkage, max_pairs_per_class=6, seed=1)
+        shared = fit_supervised_whitening(x, labels, shrinkage=shrinkage, pairs=pairs)
+        assert torch.equal(alone.projection, shared.projection) and torch.equal(alone.mean, shared.mean)
+    with pytest.raises(ValueError, match="pair covariance is"):
+        fit_supervised_whitening(x[:, :4], labels, pairs=pairs)
 
 
 def test_matching_pairs_cap_is_seeded():

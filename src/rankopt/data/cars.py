@@ -8,7 +8,6 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
-import scipy.io
 
 from rankopt.data.base import DatasetSpec, Items, register_dataset, require_file
 
@@ -16,9 +15,11 @@ NUM_TRAIN_CLASSES = 98
 
 
 def load_cars(root: Path, split: str) -> Items:
+    from scipy.io import loadmat  # SciPy's MATLAB reader, loaded only for the datasets stored that way
+
     mat_path = require_file(root / "cars_annos.mat")
     try:
-        annos = scipy.io.loadmat(str(mat_path), squeeze_me=True)["annotations"]
+        annos = loadmat(str(mat_path), squeeze_me=True)["annotations"]
         paths = [str(p) for p in np.atleast_1d(annos["relative_im_path"])]
         classes = np.atleast_1d(annos["class"]).astype(np.int64)
     except (KeyError, ValueError, TypeError) as err:

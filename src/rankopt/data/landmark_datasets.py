@@ -32,7 +32,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import scipy.io
 
 from rankopt.data.base import (
     DatasetSpec, Items, label_file_error, parse_int, read_lines, register_dataset, require_file, split_fields,
@@ -162,9 +161,11 @@ def load_landmarks_clean(root: Path, split: str, list_file: str | None = None) -
 
 
 def load_sfm120k(root: Path, split: str) -> Items:
+    from scipy.io import loadmat  # SciPy's MATLAB reader, loaded only for the datasets stored that way
+
     mat_path = require_file(root / "retrieval-SfM-120k-imagenames-clusterids.mat")
     try:
-        mat = scipy.io.loadmat(str(mat_path), squeeze_me=True)
+        mat = loadmat(str(mat_path), squeeze_me=True)
         cids = [str(c) for c in np.atleast_1d(mat["cids"])]
         clusters = np.atleast_1d(mat["cluster"]).astype(np.int64)
     except (KeyError, ValueError, TypeError) as err:

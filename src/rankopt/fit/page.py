@@ -26,8 +26,6 @@ from rankopt.report.html import (
     table,
     write_page,
 )
-from rankopt.viz.comparison import GroupNeighbours, plot_retrieval_rows
-from rankopt.viz.retrieval_grid import retrieval_neighbours
 
 EXAMPLE_QUERIES = 4
 EXAMPLE_K = 6
@@ -74,6 +72,9 @@ def validation_table(record: FitRecord) -> str:
 
 def _examples(folder: Path, photos: Photos, embeddings: Mapping[str, torch.Tensor]) -> Path | None:
     """Top results of a few validation queries of each protocol in the validation index, per model."""
+    from rankopt.viz.comparison import GroupNeighbours, plot_retrieval_rows  # matplotlib: loaded when drawing
+    from rankopt.viz.retrieval_grid import retrieval_neighbours
+
     split = photos.split
     labels = torch.as_tensor(split.labels).long()
     rng = np.random.default_rng(0)
@@ -132,6 +133,8 @@ def write_report(folder: Path, record: FitRecord, photos: Photos, embeddings: Ma
 def _flat_examples(folder: Path, index: Any) -> Path | None:
     """A few photos of the folder searched in its index as ``rankopt serve`` answers them (the photo itself left
     out of its results); grey frames: a flat folder has no classes to judge a result by."""
+    from rankopt.viz.comparison import GroupNeighbours, plot_retrieval_rows  # matplotlib: loaded when drawing
+
     paths = list(index.paths)
     if len(paths) < 2:
         return None

@@ -40,10 +40,12 @@ from rankopt.fit.validation import (
 )
 from rankopt.postprocess import (
     Expansion,
+    PairCovariance,
     PostProcessing,
     Whitening,
     fit_pca_whitening,
     fit_supervised_whitening,
+    pair_covariance,
 )
 
 STABILITY_NOISE, STABILITY_COSINE = 1e-5, 0.999
@@ -73,13 +75,16 @@ class WhiteningChoice:
     kind: str
     shrinkage: float
 
-    def fit(self, x: torch.Tensor, labels: np.ndarray, fitted_on: str) -> Whitening | None:
-        """The whitening of ``x``, or ``None`` when it is singular or not :func:`stable` on ``x``."""
+    def fit(self, x: torch.Tensor, labels: np.ndarray, fitted_on: str,
+            pairs: PairCovariance | None = None) -> Whitening | None:
+        """The whitening of ``x``, or ``None`` when it is singular or not :func:`stable` on ``x``; ``pairs``: the
+        pair covariance of ``x`` when already computed (supervised)."""
         try:
             if self.kind == "pca":
                 fitted = fit_pca_whitening(x, power=PCA_POWER, shrinkage=self.shrinkage, fitted_on=fitted_on)
             else:
-                fitted = fit_supervised_whitening(x, labels, shrinkage=self.shrinkage, fitted_on=fitted_on)
+                fitted = fit_supervised_whitening(x, labels, shrinkage=self.shrinkage, fitted_on=fitted_on,
+                                                  pairs=pairs)
         except ValueError:  # e.g. a singular intra-class covariance
             return None
         return fitted if stable(fitted, x) else None
@@ -138,11 +143,17 @@ def fit_whitenings(train_x: torch.Tensor, train_labels: np.ndarray, tried: list[
                    ) -> FittedWhitenings:
     """Every whitening of the grid fitted on ``train_x``; the singular or unstable ones are noted in ``tried``.
     Fitted once per set of embeddings and shared by every choice made on it (each fit is an eigendecomposition
-    of a ``D x D`` matrix: on 1280-d features, most of the time a choice takes)."""
+    of a ``D x D`` matrix: on 1280-d features, most of the time a choice takes); the supervised ones share one
+    pair covariance."""
+    try:
+        pairs: PairCovariance | None = pair_covariance(train_x, train_labels)
+    except ValueError:  # no class with two photos: every supervised whitening is skipped below
+        pairs = None
     fitted_ones = []
     for kind, shrinkage in itertools.product(("pca", "supervised"), SHRINKAGES):
         choice = WhiteningChoice(kind, shrinkage)
-        fitted = choice.fit(train_x, train_labels, "training classes")
+        fitted = None if kind == "supervised" and pairs is None else \
+            choice.fit(train_x, train_labels, "training classes", pairs)
         if fitted is None:
             tried.append((f"{choice.describe()}: singular or unstable, skipped", float("nan")))
         else:
@@ -210,42 +221,42 @@ def choose_for_protocols(x: torch.Tensor, split: ValidationSplit, *, dba: bool =
     skipped: list[tuple[str, float]] = []
     whitenings = fit_whitenings(train_x, train_labels, skipped)
     choices = {}
+    scorer = validation.Scorer(x, split)
     for protocol in split.protocols:
-        choice = choose_steps(train_x, train_labels,
-                              lambda post, p=protocol: validation.score(x, split, p, post).value, dba=dba, ks=ks,
-                              whitenings=whitenings)
+        choice = choose_steps(train_x, train_labels, lambda post, p=protocol: scorer.one(p, post).value, dba=dba,
+                              ks=ks, whitenings=whitenings)
         choice.tried[:0] = skipped
-        choice.metrics = validation.score(x, split, protocol, choice.steps(choice.fitted_whitening)).metrics
+        choice.metrics = scorer.one(protocol, choice.steps(choice.fitted_whitening)).metrics
         choices[protocol] = choice
     if NEW not in split.protocols:
         return choices
     if floor is None:
-        floor = validation.score(x, split, NEW)
-    choices[BOTH] = choose_for_both(x, split, whitenings, choices, floor)
+        floor = scorer.one(NEW)
+    choices[BOTH] = choose_for_both(scorer, whitenings, choices, floor)
     choices[BOTH].tried[:0] = skipped
     return choices
 
 
-def choose_for_both(x: torch.Tensor, split: ValidationSplit, whitenings: FittedWhitenings,
-                    choices: dict[str, PostChoice], floor: Scores) -> PostChoice:
+def choose_for_both(scorer: validation.Scorer, whitenings: FittedWhitenings, choices: dict[str, PostChoice],
+                    floor: Scores) -> PostChoice:
     """The best steps on the mix of searches of ``--queries both`` (:func:`~rankopt.fit.validation.mixed_value`)
     among those :func:`~rankopt.fit.validation.admissible` on new ones against ``floor``. Admissibility is a
-    property of the complete steps (a whitening that alone falls below the bar can
-    pass it once DBA and αQE follow), so whole pipelines are compared: every whitening of the grid (and none) with
-    the expansions chosen for known queries, for new queries, or none. Ties go to the better on new."""
+    property of the complete steps (a whitening that alone falls below the bar can pass it once DBA and αQE
+    follow), so whole pipelines are compared: every whitening of the grid (and none) with the expansions chosen for
+    known queries, for new queries, or none. Ties go to the better on new."""
     tried: list[tuple[str, float]] = []
     expansions = list(dict.fromkeys([(None, None), *((c.dba, c.qe) for c in choices.values())]))
     candidates: list[tuple[WhiteningChoice | None, Whitening | None]] = [(None, None), *whitenings]
     best: tuple[float, float] = (float("-inf"), float("-inf"))
-    mix = search_mix(BOTH, split.protocols)
+    mix = search_mix(BOTH, scorer.split.protocols)
     chosen = PostChoice(None, None, None, {}, tried)
     for (choice, fitted), (dba, qe) in itertools.product(candidates, expansions):
         candidate = PostChoice(choice, dba, qe, {}, tried, fitted)
-        scores = validation.score_all(x, split, candidate.steps(fitted))
+        scores = scorer.all(candidate.steps(fitted))
         ok = admissible(floor, scores[NEW])[0]
         value = mixed_value(scores, mix) if ok else float("-inf")
         tried.append((candidate.describe(), value))
         if ok and (value, scores[NEW].value) > best:
             best, chosen = (value, scores[NEW].value), candidate
-    chosen.metrics = validation.score(x, split, KNOWN, chosen.steps(chosen.fitted_whitening)).metrics
+    chosen.metrics = scorer.one(KNOWN, chosen.steps(chosen.fitted_whitening)).metrics
     return chosen

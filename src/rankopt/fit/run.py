@@ -254,9 +254,11 @@ def _tune(run: FitState) -> None:
                       - TUNE_SPARE * clock.budget_s)
         clock.plan("tune", seconds)
         refit_ratio = len(run.all_rows) / max(1, split.train.size) if run.settings.refit else 0.0
+        features = next(p for p in run.pipelines if p.model == FEATURES and p.steps_for is None)  # scored
         run.tuned = tune(states.tail, states.cache, split.train, split.labels[split.train], validate, candidates,
                          seconds=seconds, clock=clock, primary=_primary(run), batch_size=run.settings.batch_size,
-                         m=run.settings.m, seed=run.settings.seed, reserve_per_step=REFIT_MARGIN * refit_ratio)
+                         m=run.settings.m, seed=run.settings.seed, reserve_per_step=REFIT_MARGIN * refit_ratio,
+                         pretrained_scores={p: s.metrics for p, s in features.scores.items()})
         for protocol, best in sorted(run.tuned.best.items(), key=lambda kv: kv[0] != run.tuned.primary):
             if best.state is not None and all(b.state is not best.state for b in run.tuned_states.values()):
                 name = _tuned_name(protocol, run.tuned.primary)

@@ -185,12 +185,13 @@ class _Tuning:
     """The state of one :func:`tune` call: the trials, the best state per protocol, the step times."""
 
     def __init__(self, tail: nn.Module, cache: TrunkCache, train_rows: np.ndarray, train_labels: np.ndarray,
-                 validate: Callable[[], Scored], primary: str, clock: Clock, batches: _Batches, seed: int) -> None:
+                 validate: Callable[[], Scored], primary: str, clock: Clock, batches: _Batches, seed: int,
+                 pretrained: Scored | None = None) -> None:
         self.tail, self.cache, self.rows, self.labels = tail, cache, train_rows, train_labels
         self.validate, self.primary, self.clock, self.batches = validate, primary, clock, batches
         self.device = next(tail.parameters()).device
         self.start_state = trainable_state(tail)
-        self.pretrained = validate()
+        self.pretrained = validate() if pretrained is None else pretrained
         self.best = {p: BestState(None, metrics) for p, metrics in self.pretrained.items()}
         self.rng = np.random.default_rng(seed)
         self.step_times: list[float] = []
@@ -267,16 +268,20 @@ def protocol_leaders(trials: Sequence[Trial], protocols: Sequence[str]) -> list[
 def tune(tail: nn.Module, cache: TrunkCache, train_rows: np.ndarray, train_labels: np.ndarray,
          validate: Callable[[], Scored], candidates: Sequence[Candidate], *, seconds: float, clock: Clock,
          primary: str = "known", batch_size: int = 64, m: int = 4, seed: int = 0,
-         reserve_per_step: float = 0.0) -> TuneResult:
+         reserve_per_step: float = 0.0, pretrained_scores: Scored | None = None) -> TuneResult:
     """Train ``tail`` on the cached trunk outputs of ``train_rows`` for about ``seconds``; ``validate()``
-    scores the tail's current state on every validation protocol (``{protocol: metrics}``), ``primary`` leading.
-    ``reserve_per_step``: the best candidate's continuation leaves ``reserve_per_step`` × (the best state's step) ×
-    (one step's time) of ``seconds`` unused, the time of retraining the winner (:func:`retrain`), recomputed at
-    every step as the best state moves."""
+    scores the tail's current state on every validation protocol (``{protocol: metrics}``), ``primary`` leading;
+    ``pretrained_scores``: ``validate()`` of the starting state when already known. ``reserve_per_step``: the best
+    candidate's continuation leaves ``reserve_per_step`` × (the best state's step) × (one step's time) of
+    ``seconds`` unused, the time of retraining the winner (:func:`retrain`), recomputed at every step as the best
+    state moves. With no time (``seconds <= 0``) no candidate runs: the first optimizer alone loads torch's
+    compiler, seconds on a busy machine."""
     tuning = _Tuning(tail, cache, train_rows, train_labels, validate, primary, clock,
-                     _Batches(train_labels, batch_size, m, seed), seed)
+                     _Batches(train_labels, batch_size, m, seed), seed, pretrained_scores)
     pretrained = tuning.pretrained[primary][SELECT_ON]
     trials = [Trial(c, copy.deepcopy(tuning.start_state)) for c in candidates]
+    if seconds <= 0:
+        return tuning.result(trials)
     began = time.monotonic()
     share = FIRST_ROUND_SHARE if len(trials) > 1 else 1.0
     each = seconds * share / len(trials)

@@ -21,6 +21,7 @@ A fine-tuned pipeline replaces the features' only when its gain per validation c
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -33,7 +34,7 @@ from rankopt.config import EvalConfig
 from rankopt.engine.embed_and_score import CATEGORY, EmbeddedSplit
 from rankopt.engine.embed_and_score import score as score_splits
 from rankopt.fit.settings import QUERIES
-from rankopt.postprocess import PostProcessing
+from rankopt.postprocess import PostProcessing, Whitening
 
 KNOWN, NEW, BOTH = QUERIES
 """The searches ``--queries`` names: new photos of the folder's classes, photos of new classes, or both."""
@@ -231,6 +232,28 @@ def score_all(x: torch.Tensor, split: ValidationSplit, post: PostProcessing | No
         result = score_splits([query, index], EvalConfig(), metrics=list(METRICS), postprocessing=expansion)
         out[protocol] = Scores(dict(result.metrics), {name: dict(r.metrics) for name, r in result.by_category.items()})
     return out
+
+
+class Scorer:
+    """:func:`score_all` of one set of validation embeddings ``x``, a whitening applied to ``x`` once for every
+    DBA and αQE scored after it (a choice scores each whitening with several; applying a 1280-d whitening costs more
+    than the search). The last whitening's result is kept: the choices score one whitening's candidates in a row."""
+
+    def __init__(self, x: torch.Tensor, split: ValidationSplit) -> None:
+        self.x, self.split = x, split
+        self._last: tuple[Whitening, torch.Tensor] | None = None
+
+    def all(self, post: PostProcessing | None = None, protocols: Sequence[str] | None = None) -> dict[str, Scores]:
+        """:func:`score_all` of ``x`` with ``post``."""
+        if post is None or post.whitening is None:
+            return score_all(self.x, self.split, post, protocols)
+        if self._last is None or self._last[0] is not post.whitening:
+            self._last = (post.whitening, post.whitening.apply(self.x))
+        return score_all(self._last[1], self.split, dataclasses.replace(post, whitening=None), protocols)
+
+    def one(self, protocol: str, post: PostProcessing | None = None) -> Scores:
+        """:func:`score` of ``x`` with ``post``."""
+        return self.all(post, (protocol,))[protocol]
 
 
 def admissible(floor: Scores, scores: Scores) -> tuple[bool, float, float]:

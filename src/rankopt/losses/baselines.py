@@ -26,16 +26,22 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import importlib
+from types import ModuleType
+
 import torch
-from pytorch_metric_learning import losses as pml_losses
-from pytorch_metric_learning import miners as pml_miners
-from pytorch_metric_learning.utils import loss_and_miner_utils as lmu
 from torch import nn
 
 from rankopt.losses.rank_loss import RankLoss, compute_dtype
 from rankopt.losses.registry import PER_LEVEL_PROXIES, PROXIES, register
 
 Indices = tuple[torch.Tensor, ...]
+
+
+def pml(module: str = "losses") -> ModuleType:
+    """pytorch-metric-learning's ``module`` (``losses``, ``miners``, ...), imported when a loss first needs it: the
+    package and the SciPy it loads take half a second that ``fit``, ``index`` and ``serve`` never need."""
+    return importlib.import_module(f"pytorch_metric_learning.{module}")
 
 
 def without_self_pairs(indices: Indices) -> Indices:
@@ -118,7 +124,10 @@ class PMLLoss(RankLoss):
         if ref is None or ref_y is None:
             return loss(x, y, None if miner is None else miner(x, y))
         items, item_y = torch.cat([x, ref]), torch.cat([y, ref_y])
-        indices = lmu.get_all_pairs_indices(y, item_y) if miner is None else miner(x, y, items, item_y)
+        if miner is None:
+            indices = pml("utils.loss_and_miner_utils").get_all_pairs_indices(y, item_y)
+        else:
+            indices = miner(x, y, items, item_y)
         return loss(x, y, without_self_pairs(indices), ref_emb=items, ref_labels=item_y)
 
     def extra_repr(self) -> str:
@@ -126,8 +135,8 @@ class PMLLoss(RankLoss):
 
 
 def _semi_hard_triplet(margin: float) -> tuple[nn.Module, nn.Module]:
-    return (pml_losses.TripletMarginLoss(margin=margin),
-            pml_miners.TripletMarginMiner(margin=margin, type_of_triplets="semihard"))
+    return (pml().TripletMarginLoss(margin=margin),
+            pml("miners").TripletMarginMiner(margin=margin, type_of_triplets="semihard"))
 
 
 def proxy_losses(make: type[nn.Module], num_classes: Sequence[int], embedding_dim: int, hierarchical: bool,
@@ -161,14 +170,14 @@ def sum_triplet(margin: float = 0.2, weights: Sequence[float] | None = None) -> 
 @register("contrastive")
 def contrastive(pos_margin: float = 0.0, neg_margin: float = 1.0) -> PMLLoss:
     """Contrastive loss on Euclidean distances of normalised embeddings (PML defaults)."""
-    return PMLLoss([pml_losses.ContrastiveLoss(pos_margin=pos_margin, neg_margin=neg_margin)])
+    return PMLLoss([pml().ContrastiveLoss(pos_margin=pos_margin, neg_margin=neg_margin)])
 
 
 @register("multi_similarity")
 def multi_similarity(alpha: float = 2.0, beta: float = 50.0, base: float = 0.5, epsilon: float = 0.1) -> PMLLoss:
     """Multi-similarity loss with its miner (Wang et al. 2019; PML defaults)."""
-    return PMLLoss([pml_losses.MultiSimilarityLoss(alpha=alpha, beta=beta, base=base)],
-                   [pml_miners.MultiSimilarityMiner(epsilon=epsilon)])
+    return PMLLoss([pml().MultiSimilarityLoss(alpha=alpha, beta=beta, base=base)],
+                   [pml("miners").MultiSimilarityMiner(epsilon=epsilon)])
 
 
 @register("supcon")
@@ -177,13 +186,13 @@ def supcon(temperature: float = 0.1) -> PMLLoss:
     ``-1/|P(i)| sum_{p in P(i)} log( exp(z_i . z_p / tau) / sum_{a in A(i)} exp(z_i . z_a / tau) )`` over normalised
     embeddings, ``A(i)`` every other item, ``P(i)`` those of ``i``'s class; Eq. 2 sums it over the anchors ``i``,
     PML's ``SupConLoss`` averages."""
-    return PMLLoss([pml_losses.SupConLoss(temperature=temperature)])
+    return PMLLoss([pml().SupConLoss(temperature=temperature)])
 
 
 @register("normalized_softmax", data=PROXIES)
 def normalized_softmax(num_classes: int, embedding_dim: int, temperature: float = 0.05) -> PMLLoss:
     """NSM (Zhai & Wu 2018): softmax over cosine similarities to class proxies / temperature."""
-    return proxy_losses(pml_losses.NormalizedSoftmaxLoss, [num_classes], embedding_dim, False, None,
+    return proxy_losses(pml().NormalizedSoftmaxLoss, [num_classes], embedding_dim, False, None,
                         temperature=temperature)
 
 
@@ -191,20 +200,20 @@ def normalized_softmax(num_classes: int, embedding_dim: int, temperature: float 
 def sum_nsm(num_classes: Sequence[int], embedding_dim: int, temperature: float = 0.05,
             weights: Sequence[float] | None = None) -> PMLLoss:
     """ΣNSM (TPAMI Table V): one NSM per label level (``num_classes[l]`` proxies), summed."""
-    return proxy_losses(pml_losses.NormalizedSoftmaxLoss, num_classes, embedding_dim, True, weights,
+    return proxy_losses(pml().NormalizedSoftmaxLoss, num_classes, embedding_dim, True, weights,
                         temperature=temperature)
 
 
 @register("proxy_nca", data=PROXIES)
 def proxy_nca(num_classes: int, embedding_dim: int, softmax_scale: float = 1.0) -> PMLLoss:
     """ProxyNCA as in PML: ``-log softmax(-softmax_scale * ||x - p||^2)`` of the class proxy."""
-    return proxy_losses(pml_losses.ProxyNCALoss, [num_classes], embedding_dim, False, None, softmax_scale=softmax_scale)
+    return proxy_losses(pml().ProxyNCALoss, [num_classes], embedding_dim, False, None, softmax_scale=softmax_scale)
 
 
 @register("proxy_nca_pp", data=PROXIES)
 def proxy_nca_pp(num_classes: int, embedding_dim: int, temperature: float = 1 / 9) -> PMLLoss:
     """ProxyNCA++ loss (Teh et al. 2020, temperature T = 1/9): PML ProxyNCA with scale 1/T."""
-    return proxy_losses(pml_losses.ProxyNCALoss, [num_classes], embedding_dim, False, None,
+    return proxy_losses(pml().ProxyNCALoss, [num_classes], embedding_dim, False, None,
                         softmax_scale=1.0 / temperature)
 
 
@@ -212,5 +221,5 @@ def proxy_nca_pp(num_classes: int, embedding_dim: int, temperature: float = 1 / 
 def sum_proxy_nca_pp(num_classes: Sequence[int], embedding_dim: int, temperature: float = 1 / 9,
                      weights: Sequence[float] | None = None) -> PMLLoss:
     """ΣNCA++ (TPAMI Table V): one ProxyNCA++ per label level, summed."""
-    return proxy_losses(pml_losses.ProxyNCALoss, num_classes, embedding_dim, True, weights,
+    return proxy_losses(pml().ProxyNCALoss, num_classes, embedding_dim, True, weights,
                         softmax_scale=1.0 / temperature)

@@ -29,10 +29,9 @@ from collections.abc import Iterator
 
 import torch
 import torch.nn.functional as F
-from pytorch_metric_learning import losses as pml_losses
 from torch import nn
 
-from rankopt.losses.baselines import PMLLoss, proxy_losses
+from rankopt.losses.baselines import PMLLoss, pml, proxy_losses
 from rankopt.losses.proxy import ProxyDGLoss
 from rankopt.losses.registry import PROXIES, register
 
@@ -46,7 +45,7 @@ NormalizedSoftmax, SoftTriple, P2SGrad. Class ``c`` owns columns (rows) ``c·K .
 @register("arcface", data=PROXIES)
 def arcface(num_classes: int, embedding_dim: int, margin: float = 28.6, scale: float = 64.0) -> PMLLoss:
     """ArcFace (Deng et al. CVPR 2019, Eq. 3): additive angular margin ``margin`` (degrees), scale ``scale``."""
-    return proxy_losses(pml_losses.ArcFaceLoss, [num_classes], embedding_dim, False, None, 1.0,
+    return proxy_losses(pml().ArcFaceLoss, [num_classes], embedding_dim, False, None, 1.0,
                         margin=margin, scale=scale)
 
 
@@ -54,21 +53,21 @@ def arcface(num_classes: int, embedding_dim: int, margin: float = 28.6, scale: f
 def subcenter_arcface(num_classes: int, embedding_dim: int, margin: float = 28.6, scale: float = 64.0,
                       sub_centers: int = 3) -> PMLLoss:
     """Sub-center ArcFace (Deng et al. ECCV 2020): ArcFace over the nearest of ``sub_centers`` weights per class."""
-    return proxy_losses(pml_losses.SubCenterArcFaceLoss, [num_classes], embedding_dim, False, None, 1.0,
+    return proxy_losses(pml().SubCenterArcFaceLoss, [num_classes], embedding_dim, False, None, 1.0,
                         margin=margin, scale=scale, sub_centers=sub_centers)
 
 
 @register("cosface", data=PROXIES)
 def cosface(num_classes: int, embedding_dim: int, margin: float = 0.35, scale: float = 64.0) -> PMLLoss:
     """CosFace (Wang et al. CVPR 2018): additive cosine margin ``margin``, scale ``scale``."""
-    return proxy_losses(pml_losses.CosFaceLoss, [num_classes], embedding_dim, False, None, 1.0,
+    return proxy_losses(pml().CosFaceLoss, [num_classes], embedding_dim, False, None, 1.0,
                         margin=margin, scale=scale)
 
 
 @register("proxy_anchor", data=PROXIES)
 def proxy_anchor(num_classes: int, embedding_dim: int, margin: float = 0.1, alpha: float = 32.0) -> PMLLoss:
     """Proxy-Anchor (Kim et al. CVPR 2020, Eq. 4): margin δ, scale α; proxies at 100 times the model's lr."""
-    return proxy_losses(pml_losses.ProxyAnchorLoss, [num_classes], embedding_dim, False, None, 100.0,
+    return proxy_losses(pml().ProxyAnchorLoss, [num_classes], embedding_dim, False, None, 100.0,
                         margin=margin, alpha=alpha)
 
 

@@ -11,13 +11,13 @@ are used as pair losses (reference set allowed where PML's class supports ``ref_
 from __future__ import annotations
 
 import inspect
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from pytorch_metric_learning import losses as pml_losses
-from pytorch_metric_learning.losses import BaseMetricLossFunction
-
-from rankopt.losses.baselines import PMLLoss
+from rankopt.losses.baselines import PMLLoss, pml
 from rankopt.losses.registry import PROXIES
+
+if TYPE_CHECKING:
+    from pytorch_metric_learning.losses import BaseMetricLossFunction
 
 PREFIX = "pml:"
 
@@ -38,8 +38,9 @@ _BASES = ("GenericPairLoss",)
 
 def loss_class(class_name: str) -> type[BaseMetricLossFunction]:
     """PML's loss class ``class_name``; ``ValueError`` naming it and the known ones when there is none."""
-    known = {n: c for n, c in vars(pml_losses).items() if n.endswith("Loss") and n not in _BASES
-             and isinstance(c, type) and issubclass(c, BaseMetricLossFunction)}
+    losses = pml()
+    known = {n: c for n, c in vars(losses).items() if n.endswith("Loss") and n not in _BASES
+             and isinstance(c, type) and issubclass(c, losses.BaseMetricLossFunction)}
     if class_name not in known:
         raise ValueError(f"{PREFIX}{class_name}: pytorch-metric-learning has no loss class {class_name!r}; "
                          f"its losses: {', '.join(sorted(known))}")

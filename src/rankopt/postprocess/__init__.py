@@ -27,11 +27,13 @@ from rankopt.postprocess.expansion import (
     expand,
 )
 from rankopt.postprocess.whitening import (
+    PairCovariance,
     Whitening,
     fit_pca_whitening,
     fit_supervised_whitening,
     load_whitening,
     matching_pairs,
+    pair_covariance,
     save_whitening,
 )
 
@@ -141,5 +143,7 @@ __all__ = [
     "fit_supervised_whitening",
     "load_whitening",
     "matching_pairs",
+    "pair_covariance",
+    "PairCovariance",
     "save_whitening",
 ]

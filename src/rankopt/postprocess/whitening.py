@@ -178,22 +178,45 @@ def matching_pairs(labels: torch.Tensor | np.ndarray, *, max_pairs_per_class: in
     return torch.from_numpy(np.concatenate(pairs)).long()
 
 
+@dataclass(frozen=True)
+class PairCovariance:
+    """The intra-class covariance of matching pairs, ``C_S = (1/P) Σ_(i,j) (x_i − x_j)(x_i − x_j)ᵀ`` (float64),
+    over the ``pairs`` of :func:`pair_covariance`: the costly part of a supervised whitening (``P x D²``), shared by
+    fits that differ only in shrinkage or ``dim``."""
+
+    matrix: torch.Tensor
+    pairs: int
+
+
+def pair_covariance(x: torch.Tensor, labels: torch.Tensor | np.ndarray, *, max_pairs_per_class: int = 1000,
+                    seed: int = 0) -> PairCovariance:
+    """:class:`PairCovariance` of ``x`` ``(N, D)`` over the matching pairs of ``labels`` (:func:`matching_pairs`)."""
+    data = _training_embeddings(x)
+    check_labels(torch.as_tensor(np.asarray(labels)), data.shape[0], "labels")
+    pairs = matching_pairs(labels, max_pairs_per_class=max_pairs_per_class, seed=seed)
+    diff = data[pairs[:, 0]] - data[pairs[:, 1]]
+    return PairCovariance(diff.T @ diff / diff.shape[0], int(diff.shape[0]))
+
+
 def fit_supervised_whitening(x: torch.Tensor, labels: torch.Tensor | np.ndarray, *, shrinkage: float = 0.0,
                              dim: int | None = None, max_pairs_per_class: int = 1000, seed: int = 0,
-                             fitted_on: str = "") -> Whitening:
+                             fitted_on: str = "", pairs: PairCovariance | None = None) -> Whitening:
     """Supervised whitening (Radenović et al. 2016, "learned whitening" Lw) of ``x`` ``(N, D)`` from the
     matching pairs of ``labels`` (:func:`matching_pairs`): ``P = Uᵀ W`` (top ``dim`` rows), ``W = L⁻¹``
     for the (shrunk) intra-class pair covariance ``C_S = L Lᵀ``, ``U`` the eigenvectors (eigenvalues
-    descending) of the covariance of ``W (x − m)`` over all items."""
+    descending) of the covariance of ``W (x − m)`` over all items. ``pairs``: ``C_S`` when already computed
+    (:func:`pair_covariance` of the same ``x``, ``labels`` and pair settings)."""
     data = _training_embeddings(x)
-    check_labels(torch.as_tensor(np.asarray(labels)), data.shape[0], "labels")
     dim = _check_dim(dim, data.shape[1])
-    pairs = matching_pairs(labels, max_pairs_per_class=max_pairs_per_class, seed=seed)
-    diff = data[pairs[:, 0]] - data[pairs[:, 1]]
-    intra = shrink(diff.T @ diff / diff.shape[0], shrinkage)
+    if pairs is None:
+        pairs = pair_covariance(data, labels, max_pairs_per_class=max_pairs_per_class, seed=seed)
+    elif pairs.matrix.shape != (data.shape[1], data.shape[1]):
+        raise ValueError(f"the pair covariance is {tuple(pairs.matrix.shape)}; the embeddings have {data.shape[1]} "
+                         "dimensions")
+    intra = shrink(pairs.matrix, shrinkage)
     factor, info = torch.linalg.cholesky_ex(intra)
     if int(info) != 0:
-        raise ValueError(f"the intra-class covariance of {diff.shape[0]} matching pairs is singular "
+        raise ValueError(f"the intra-class covariance of {pairs.pairs} matching pairs is singular "
                          f"(dimension {data.shape[1]}); use a shrinkage > 0 or more pairs")
     whiten = torch.linalg.solve_triangular(factor, torch.eye(data.shape[1], dtype=data.dtype), upper=False)
     mean = data.mean(dim=0)

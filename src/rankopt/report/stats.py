@@ -13,7 +13,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
-from scipy import stats
 
 __all__ = ["PairedDifference", "Summary", "paired_difference", "summarize"]
 
@@ -89,6 +88,8 @@ def paired_difference(a: Sequence[float] | np.ndarray, b: Sequence[float] | np.n
     n, mean, sd = int(d.size), float(d.mean()), _std(d)
     if n < 2:
         return PairedDifference(mean, sd, n, math.nan, math.nan, math.nan, math.nan, math.nan)
+    from scipy import stats  # half a second to import: loaded when a comparison needs it
+
     half = float(stats.t.ppf((1.0 + confidence) / 2.0, n - 1)) * sd / math.sqrt(n)
     with warnings.catch_warnings(), np.errstate(all="ignore"):
         warnings.simplefilter("ignore")  # scipy warns on near-constant data and on zeros in small samples

@@ -165,7 +165,10 @@ class Embedder:
                                        self.model.runtime_device, f"the ONNX file {self.model.path.name}")
         network = self.model if self.post is None else self.post.wrap_model(self.model)
         say = (lambda line: print(line, file=sys.stderr, flush=True)) if self.progress else None
-        return prepare_network(network, self.preprocessing, self.fingerprint, runtime=self.runtime,
+        # the whitening applies to the network's outputs, outside it: one export serves every whitening of a model
+        computed = {k: v for k, v in self.preprocessing.items() if k != WHITENING_KEY}
+        key = self.fingerprint if computed == self.preprocessing else model_fingerprint(self.model, computed)
+        return prepare_network(network, computed, key, runtime=self.runtime,
                                device=self.device, threads=self.threads, summary=self.summary, say=say,
                                batch=min(self.batch_size, TIMED_BATCH_MAX))
 

@@ -8,9 +8,6 @@ from pathlib import Path
 import numpy as np
 import torch
 from matplotlib import colormaps
-from sklearn.decomposition import PCA
-from sklearn.manifold import TSNE
-from threadpoolctl import threadpool_limits
 
 from rankopt import checks, similarity as sim
 from rankopt.viz._common import ArrayLike, as_tensor, new_figure, sample_indices, save_figure, titled
@@ -35,6 +32,10 @@ def embed_2d(
     points (or a single one) to the origin.
     Returns ``(coords (n, 2), row indices (n,), method name)``; deterministic given ``seed``.
     """
+    from sklearn.decomposition import PCA  # scikit-learn takes seconds to import: loaded when a map is drawn
+    from sklearn.manifold import TSNE
+    from threadpoolctl import threadpool_limits
+
     x = checks.check_embeddings(as_tensor(embeddings, "embeddings"), "embeddings")
     rows = sample_indices(x.shape[0], max_points, seed)
     feats = sim.prepare(x[rows].detach().float().cpu(), similarity).numpy().astype(np.float64)

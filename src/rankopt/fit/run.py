@@ -180,6 +180,8 @@ def _stages(run: FitState) -> FitRecord:
         _refit(run)
     embeddings, choice, scales, trial = _scales(run)
     with clock.stage("index") as stage:
+        if embeddings is None:  # one scale: every photo through the served tail (the cached trunk's outputs)
+            embeddings = _served_embeddings(run)
         index = _save_model_and_index(run, embeddings, choice, scales)
         stage["done"] = f"{len(index):,} photos in {folder / layout.INDEX_DIR} ({index.dim}-d, {steps_text(index)})"
     with clock.stage("report") as stage:
@@ -335,20 +337,30 @@ def _served_choice(run: FitState) -> PostChoice:
     return run.choices[run.served.model, run.served.steps_for]
 
 
-def _scales(run: FitState) -> tuple[torch.Tensor, PostChoice, tuple[float, ...] | None, MultiScaleTrial]:
-    """The ``scales`` stage when planned and the time allows; the index's embeddings and steps either way."""
+def _served_embeddings(run: FitState) -> torch.Tensor:
+    """Every photo's embedding by the served model at one scale; the served tail state left loaded."""
+    assert run.states is not None
+    state = _served_state(run)
+    embeddings = run.pretrained_embeddings if state == TailStates.PRETRAINED else run.states.embed(state,
+                                                                                                   run.all_rows)
+    assert embeddings is not None
+    run.states.load(state)
+    return embeddings
+
+
+def _scales(run: FitState) -> tuple[torch.Tensor | None, PostChoice, tuple[float, ...] | None, MultiScaleTrial]:
+    """The ``scales`` stage when planned and the time allows; the index's steps either way, and its embeddings when
+    multi-scale is kept (``None``: one scale, :func:`_served_embeddings`)."""
     assert run.states is not None and run.served is not None and run.sizing is not None
     states, clock, served = run.states, run.clock, run.served
     state = _served_state(run)
-    embeddings = run.pretrained_embeddings if state == TailStates.PRETRAINED else states.embed(state, run.all_rows)
-    assert embeddings is not None
     states.load(state)
     choice, planned = _served_choice(run), "scales" in clock.planned
     scales_s = clock.planned.get("scales", 0.0)
     late = planned and clock.left() < scales_s + clock.planned.get("index", 0.0)
     if not planned or late:
         one_size = getattr(run.net.backbone, "fixed_input_size", None) is not None
-        return embeddings, choice, None, MultiScaleTrial(
+        return None, choice, None, MultiScaleTrial(
             "multi-scale not tried: this backbone takes one input size" if one_size else
             f"multi-scale not tried: it would take about {clock_text(scales_s)}, more than the "
             f"{clock_text(clock.left() - clock.planned.get('index', 0.0))} left before the index" if late else
@@ -370,7 +382,7 @@ def _scales(run: FitState) -> tuple[torch.Tensor, PostChoice, tuple[float, ...] 
         stage["done"] = trial.note
     if trial.choice is not None and trial.embeddings is not None:
         return trial.embeddings, trial.choice, DEFAULT_SCALES, trial
-    return embeddings, choice, None, trial
+    return None, choice, None, trial
 
 
 def _save_model_and_index(run: FitState, embeddings: torch.Tensor, choice: PostChoice,

@@ -147,13 +147,12 @@ def fit_whitenings(train_x: torch.Tensor, train_labels: np.ndarray, tried: list[
     pair covariance."""
     try:
         pairs: PairCovariance | None = pair_covariance(train_x, train_labels)
-    except ValueError:  # no class with two photos: every supervised whitening is skipped below
+    except ValueError:  # no class with two photos: each supervised fit below says so again, and is skipped
         pairs = None
     fitted_ones = []
     for kind, shrinkage in itertools.product(("pca", "supervised"), SHRINKAGES):
         choice = WhiteningChoice(kind, shrinkage)
-        fitted = None if kind == "supervised" and pairs is None else \
-            choice.fit(train_x, train_labels, "training classes", pairs)
+        fitted = choice.fit(train_x, train_labels, "training classes", pairs)
         if fitted is None:
             tried.append((f"{choice.describe()}: singular or unstable, skipped", float("nan")))
         else:

@@ -24,9 +24,8 @@ ingredients (fast-moving proxies, max pooling, layer norm) belong to the optimiz
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
 import importlib
+from collections.abc import Sequence
 from types import ModuleType
 
 import torch

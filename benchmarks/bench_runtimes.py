@@ -12,7 +12,13 @@ In one run, on one machine, each measurement alone on it:
     turn), read warm (the files read once before), as a person runs it: with its defaults, then with
     ``--runtime torch``; photos/s, and the CPU time in the kernel against the process's (GNU ``time``);
 (3) the embedder from Python, onnxruntime, with and without the threads that read the next photos during the forward
-    (``Embedder(read_threads=0)``): what the overlap gives.
+    (``Embedder(read_threads=0)``), the readers at the forward's priority or lowered (``READ_NICENESS``): what the
+    overlap gives;
+(4) reading alone: each photo read, decoded and transformed (the embedder's dataset) on one thread, CPU seconds per
+    photo; with the forward's CPU seconds per photo (``--threads`` / (1)'s rate), the most any pass doing both on the
+    machine's cores can embed: ``cores / (forward + reading)`` photos/s.
+
+``--weights`` may be any checkpoint (``rankopt weights fetch NAME``): its test transform sets the size.
 
 Target (issue 42): (2) with its defaults >= 0.7 x onnxruntime's forward alone (1), at most 10 % of the CPU time in
 the kernel. Writes ``--out`` (default benchmarks/results/runtimes.md).
@@ -35,11 +41,14 @@ from pathlib import Path
 
 import torch
 
+from rankopt.data import reader
+from rankopt.data.transforms import output_size
 from rankopt.engine.assembly import inference_preprocessing, model_from_checkpoint
 from rankopt.export.runtimes import prepare_network
 from rankopt.models.fingerprint import model_fingerprint
 from rankopt.runtime import keep_allocations
 from rankopt.search import Embedder
+from rankopt.search.embedder import as_dataset
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -62,6 +71,12 @@ def median_s(run: Callable[[], object], runs: int) -> float:
     return statistics.median(times)
 
 
+def described(weights: Path) -> tuple[str, tuple[int, int]]:
+    """The checkpoint's backbone name and its test transform's ``(H, W)``."""
+    _, cfg = model_from_checkpoint(weights, "cpu")
+    return cfg.model.backbone, output_size(cfg.data.test_transform, cfg.data.image_size)
+
+
 def forward_alone(weights: Path, threads: int, rounds: int, runs: int) -> dict[str, dict[int, float]]:
     """``{runtime: {batch: seconds per batch}}``, the best median of ``rounds`` alternated rounds."""
     torch.set_num_threads(threads)
@@ -70,9 +85,10 @@ def forward_alone(weights: Path, threads: int, rounds: int, runs: int) -> dict[s
     preprocessing = inference_preprocessing(cfg)
     onnx, _ = prepare_network(model, preprocessing, model_fingerprint(model, preprocessing), runtime="onnx",
                               threads=threads)
+    size = output_size(cfg.data.test_transform, cfg.data.image_size)
     best: dict[str, dict[int, float]] = {"pytorch": {}, "onnxruntime": {}}
     for batch in (1, 32):
-        images = torch.randn(batch, 3, 224, 224, generator=torch.Generator().manual_seed(0))
+        images = torch.randn(batch, 3, *size, generator=torch.Generator().manual_seed(0))
         for name, net in (("pytorch", model), ("onnxruntime", onnx)):
             with torch.inference_mode():
                 net(images)  # warm-up
@@ -98,6 +114,15 @@ def index_command(weights: Path, folder: Path, out: Path, threads: int, extra: l
     return {"wall": wall, "user": user, "system": system}
 
 
+def reading_alone(embedder: Embedder, paths: list[Path]) -> float:
+    """CPU seconds per photo of the embedder's dataset (read, decode, transform) on this thread."""
+    dataset = as_dataset([str(p) for p in paths], embedder.transform)
+    began = time.thread_time()
+    for i in range(len(dataset)):
+        dataset[i]
+    return (time.thread_time() - began) / len(dataset)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--root", type=Path, default=os.environ.get("RANKOPT_CALTECH101"), required=False)
@@ -114,6 +139,7 @@ def main() -> int:
     chosen = photos(args.root, args.photos)
     for path in chosen:
         path.read_bytes()  # read warm
+    backbone, size = described(args.weights)
     alone = forward_alone(args.weights, args.threads, rounds, runs)
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp) / "photos"
@@ -125,24 +151,33 @@ def main() -> int:
                     "--runtime torch": index_command(args.weights, folder, Path(tmp) / "b", args.threads,
                                                      ["--runtime", "torch"])}
         torch.set_num_threads(args.threads)
-        overlap = {}
-        for read_threads in (0, 2):
+        overlap: dict[str, float] = {}
+        niceness = reader.READ_NICENESS
+        for read_threads, nice in ((0, niceness), (2, 0), (2, niceness)):
+            reader.READ_NICENESS = nice
             embedder = Embedder.from_checkpoint(args.weights, device="cpu", runtime="onnx", threads=args.threads,
                                                 read_threads=read_threads, batch_size=32, progress=False)
             embedder.embed([str(p) for p in chosen[:64]])  # warm-up
             began = time.perf_counter()
             embedder.embed([str(p) for p in chosen])
-            overlap[read_threads] = len(chosen) / (time.perf_counter() - began)
+            shown = "0" if read_threads == 0 else f"{read_threads}, niceness +{nice}"
+            shown += " (default)" if read_threads and nice == niceness else ""
+            overlap[shown] = len(chosen) / (time.perf_counter() - began)
+        reader.READ_NICENESS = niceness
+        reading = reading_alone(embedder, chosen)
     onnx_rate = 32 / alone["onnxruntime"][32]
+    forward_cpu = args.threads / onnx_rate
+    bound = os.cpu_count() / (forward_cpu + reading)
     lines = [
         "# Inference runtimes: `rankopt index` against onnxruntime's forward alone", "",
         f"Generated by `benchmarks/bench_runtimes.py` on {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} "
         "UTC.", "",
-        f"    python benchmarks/bench_runtimes.py --root $RANKOPT_CALTECH101 --weights $RANKOPT_WEIGHTS_MOBILENETV2 "
-        f"--photos {args.photos} --threads {args.threads}{' --quick' if args.quick else ''}", "",
+        f"    python benchmarks/bench_runtimes.py --root $RANKOPT_CALTECH101 --weights {args.weights.name} "
+        f"--photos {args.photos} --threads {args.threads}{' --quick' if args.quick else ''}"
+        f"{'' if args.out.name == 'runtimes.md' else ' --out benchmarks/results/' + args.out.name}", "",
         f"Machine: {os.cpu_count()} CPU cores, torch {torch.__version__}, Python {platform.python_version()}, "
         f"{platform.platform()}; load before the run {os.getloadavg()[0]:.1f}; {args.threads} threads for each "
-        "runtime; MobileNetV2 (released ImageNet weights) at 224 px.", "",
+        f"runtime; {backbone} (released ImageNet weights) at {size[0]}x{size[1]} px.", "",
         "## The network alone (decoded, transformed batches)", "",
         "| runtime | batch 1 (ms) | batch 32 (images/s) |", "|---|---|---|",
         *(f"| {name} | {1000 * alone[name][1]:.1f} | {32 / alone[name][32]:.0f} |" for name in alone),
@@ -155,8 +190,13 @@ def main() -> int:
           f"{len(chosen) / t['wall']:.0f} | {len(chosen) / t['wall'] / onnx_rate:.2f}x | "
           f"{100 * t['system'] / max(t['user'] + t['system'], 1e-9):.1f} % |" for name, t in commands.items()), "",
         "## Reading ahead (the embedder on onnxruntime, batches of 32)", "",
-        "| threads reading the next photos | photos/s |", "|---|---|",
+        "| threads reading the next photos (their niceness above the forward's) | photos/s |", "|---|---|",
         *(f"| {threads} | {rate:.0f} |" for threads, rate in overlap.items()), "",
+        "## What the cores allow (CPU seconds per photo)", "",
+        "| forward (onnxruntime, batch 32) | reading (read, decode, transform; one thread) | the most a pass doing "
+        f"both on {os.cpu_count()} cores can embed | vs onnxruntime's forward alone |", "|---|---|---|---|",
+        f"| {1000 * forward_cpu:.2f} ms | {1000 * reading:.2f} ms | {bound:.0f} photos/s | {bound / onnx_rate:.2f}x |",
+        "",
         "The index command's wall time includes starting Python, loading the model and saving the index "
         "(measured with GNU `time`, the files read once before).", ""]
     args.out.write_text("\n".join(lines), encoding="utf-8")

@@ -162,3 +162,25 @@ def test_crop_windows_are_torchs_float32_expression_draw_for_draw():
                     assert step.window(height, width) == expected, (scale, ratio, height, width, seed)
                     compared += 1
             assert compared > 250
+
+
+def test_without_torch_is_the_transform_where_it_draws_nothing_and_runs_no_torch_op():
+    """The serve request threads' path: equal to the transform for the test presets (an RGBA and a grey image
+    included), None where the transform draws (a train preset) or has no fused kernel (area-resized omniglot)."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Ops(TorchDispatchMode):
+        seen: set[str] = set()
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.seen.add(str(func))
+            return func(*args, **(kwargs or {}))
+
+    test = build_transform("test", 96)
+    for image in (noise(150, 110, 0), noise(90, 140, 1).convert("RGBA"), noise(120, 120, 2).convert("L")):
+        with Ops() as mode:
+            here = test.without_torch(image)
+        assert mode.seen <= {"aten.lift_fresh.default"}  # wrapping the kernel's array, no computation
+        torch.testing.assert_close(here, test(image), rtol=0, atol=0)
+    assert build_transform("train", 96).without_torch(noise(150, 110, 3)) is None
+    assert build_transform("omniglot_test").without_torch(noise(40, 40, 4)) is None

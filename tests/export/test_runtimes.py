@@ -8,6 +8,9 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
+import sys
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -243,6 +246,23 @@ def test_read_ahead_keeps_the_order_and_raises_the_failing_item():
         list(read_ahead(Items(), list(range(20)), 4, list, threads=2))
     with pytest.raises(ValueError, match=">= 1"):
         list(read_ahead(Items(), [0], 4, list, threads=0))
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="a thread's own niceness is Linux's")
+def test_read_ahead_reads_below_the_callers_priority():
+    """The reading threads yield the cores to the forward's threads (``READ_NICENESS``); the caller keeps its own."""
+    from rankopt.data import reader
+
+    def niceness() -> int:
+        return os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+
+    class Items:
+        def __getitem__(self, i):
+            return niceness()
+
+    caller = niceness()
+    seen = [value for batch in read_ahead(Items(), list(range(8)), 4, list, threads=2) for value in batch]
+    assert seen == [min(caller + reader.READ_NICENESS, 19)] * 8 and niceness() == caller
 
 
 def test_fit_trunk_outputs_on_onnxruntime_equal_pytorchs(tmp_path, cache):

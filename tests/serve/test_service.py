@@ -10,6 +10,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
+from torch.utils._python_dispatch import TorchDispatchMode
 from helpers.checkpoints import write_checkpoint
 
 from rankopt.cli import main
@@ -90,13 +91,61 @@ def test_concurrent_uploads_are_embedded_together_with_the_same_answers(make_cli
     assert batches.sum == len(images) and sum(batches.counts) < len(images)  # fewer forwards than images
 
 
-def test_every_torch_operation_runs_on_the_torch_thread(make_client, monkeypatch):
-    """Loading, transforms, forwards and searches all run on the torch thread (torch ops on a second thread
-    start a second OpenMP team, and both teams slow down); the request threads only decode."""
+def test_a_batch_searches_its_queries_of_one_k_with_one_call(make_client, monkeypatch):
+    """Six uploads in one batch, three with k=2 and three with k=4: two searches (one per k), each answer the one
+    the query gets alone, and the search stage counted once per query."""
+    from rankopt.serve.app import Service
+
+    calls: list[int] = []
+    search = Service._search
+
+    def counted(snapshot, vectors, query):
+        calls.append(1 if isinstance(vectors, int) else len(vectors))
+        return search(snapshot, vectors, query)
+
+    images = [image_bytes(colour) for colour in ((200, 30, 30), (30, 200, 30), (30, 30, 200), (90, 90, 90),
+                                                 (250, 250, 0), (0, 250, 250))]
+    ks = [2, 4, 2, 4, 2, 4]
+    alone = make_client()
+    expected = [upload(alone, data, k=k).json()["results"] for data, k in zip(images, ks)]
+    monkeypatch.setattr(Service, "_search", staticmethod(counted))
+    batched = make_client(max_wait_ms=2000, max_batch=8)
+    with ThreadPoolExecutor(len(images)) as pool:
+        answers = list(pool.map(lambda pair: upload(batched, pair[0], k=pair[1]), zip(images, ks)))
+    for answer, results, k in zip(answers, expected, ks):
+        assert answer.status_code == 200 and len(answer.json()["results"]) == k
+        assert_same_results(answer.json()["results"], results)
+    metrics = batched.app.state.service.metrics
+    assert metrics.batches.sum == len(images) and sum(metrics.batches.counts) == 1  # one forward for all six
+    assert sorted(calls) == [3, 3]
+    searched = parse_prometheus(batched.get("/metrics").text)
+    assert searched[("rankopt_serve_stage_seconds_count", frozenset({("stage", "search")}))] == len(images)
+
+
+class _TorchOps(TorchDispatchMode):
+    """Records the aten operations dispatched while active (on the thread that entered it)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.ops: set[str] = set()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.ops.add(str(func))
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize("torch_free_transform", [True, False], ids=["transform-on-workers", "transform-needs-torch"])
+def test_every_torch_operation_runs_on_the_torch_thread(make_client, monkeypatch, torch_free_transform):
+    """Loading, forwards, searches and the transforms that need torch run on the torch thread (torch ops on a
+    second thread start a second OpenMP team, and both teams slow down); the request threads decode and, where
+    the transform is the compiled kernel, make the model input there without any torch computation (wrapping
+    the kernel's array, ``aten.lift_fresh``, is the one operation dispatched)."""
     from rankopt.serve.app import Service
     from rankopt.serve.holder import IndexHolder, Snapshot
 
     threads: dict[str, set[str]] = {"load": set(), "transform": set(), "embed": set(), "search": set()}
+    worker_threads: set[str] = set()
+    worker_ops: set[str] = set()
 
     def recorded(name, fn):
         def call(*args, **kwargs):
@@ -104,8 +153,20 @@ def test_every_torch_operation_runs_on_the_torch_thread(make_client, monkeypatch
             return fn(*args, **kwargs)
         return call
 
+    def transform_here(self, image):
+        if not torch_free_transform:
+            return None
+        worker_threads.add(threading.current_thread().name)
+        with _TorchOps() as mode:
+            out = original_here(self, image)
+        worker_ops.update(mode.ops)
+        assert out is not None  # the test preset is fused
+        return out
+
+    original_here = Snapshot.transform_here
     monkeypatch.setattr(IndexHolder, "_load", recorded("load", IndexHolder._load))
     monkeypatch.setattr(Snapshot, "transform", recorded("transform", Snapshot.transform))
+    monkeypatch.setattr(Snapshot, "transform_here", transform_here)
     monkeypatch.setattr(Snapshot, "embed", recorded("embed", Snapshot.embed))
     monkeypatch.setattr(Service, "_search", staticmethod(recorded("search", Service._search)))
     client = make_client(max_wait_ms=50)
@@ -114,6 +175,9 @@ def test_every_torch_operation_runs_on_the_torch_thread(make_client, monkeypatch
         answers = list(pool.map(lambda data: upload(client, data), images))
     assert [answer.status_code for answer in answers] == [200] * len(images)
     assert client.post("/search", json={"id": cli_ids(answers[0])[0], "k": 2}).status_code == 200
+    if torch_free_transform:
+        assert not threads.pop("transform") and worker_ops == {"aten.lift_fresh.default"}
+        assert worker_threads and all(name.startswith("rankopt-serve") for name in worker_threads), worker_threads
     names = set().union(*threads.values())
     assert all(threads.values()) and len(names) == 1 and names.pop().startswith("rankopt-torch"), threads
 
@@ -122,18 +186,22 @@ def cli_ids(answer) -> list[str]:
     return [record["id"] for record in answer.json()["results"]]
 
 
-def test_a_failing_transform_fails_its_own_request_only(make_client, monkeypatch):
+@pytest.mark.parametrize("where", ["transform_here", "transform"])
+def test_a_failing_transform_fails_its_own_request_only(make_client, monkeypatch, where):
+    """On a worker thread (``transform_here``) or in a batch on the torch thread (``transform``)."""
     from rankopt.serve.holder import Snapshot
     from rankopt.serve.errors import ApiError
 
-    transform = Snapshot.transform
+    transform = getattr(Snapshot, where)
 
     def picky(self, image):
         if image.getpixel((0, 0)) == (1, 2, 3):
             raise ApiError(422, "this image cannot be transformed")
         return transform(self, image)
 
-    monkeypatch.setattr(Snapshot, "transform", picky)
+    if where == "transform":
+        monkeypatch.setattr(Snapshot, "transform_here", lambda self, image: None)
+    monkeypatch.setattr(Snapshot, where, picky)
     client = make_client(max_wait_ms=200, max_batch=8)
     images = [image_bytes((1, 2, 3)), image_bytes((200, 30, 30)), image_bytes((30, 200, 30))]
     with ThreadPoolExecutor(len(images)) as pool:

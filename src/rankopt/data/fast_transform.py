@@ -294,6 +294,12 @@ class FusedPath:
     scale: np.ndarray  # (3,) float32: 1 / (255 std)
     bias: np.ndarray  # (3,) float32: -mean / std
 
+    @property
+    def draws(self) -> bool:
+        """Whether a call draws from torch's RNG (a random crop or flip); one that draws nothing runs no torch
+        operation at all (the pixels go through the compiled kernel, the result is wrapped by ``torch.from_numpy``)."""
+        return self.flip is not None or isinstance(self.window, RandomResizedCropStep)
+
     def __call__(self, image: Image.Image | np.ndarray) -> torch.Tensor | None:
         """RGB image, or its ``(H, W, 3)`` uint8 pixels, -> ``(3, h, w)``; None when a center crop exceeds the
         resized image (the steps' fallback)."""

@@ -13,6 +13,9 @@ transform path takes no global state).
 
 from __future__ import annotations
 
+import os
+import sys
+import threading
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -22,6 +25,21 @@ READ_THREADS = 2
 """Threads reading ahead by default (measured: benchmarks/results/runtimes.md)."""
 AHEAD = 2
 """Batches read ahead of the one in use."""
+READ_NICENESS = 10
+"""How much lower the reading threads' scheduling priority is than the caller's (Linux), so a reading thread never
+takes a core from the forward's threads: on a core the forward fills, an intra-op thread preempted by a reader holds
+back every other one at the next barrier."""
+
+
+def _lower_priority() -> None:
+    """This thread's niceness raised by :data:`READ_NICENESS` (Linux: per thread; elsewhere it would be the
+    process's, so nothing is changed)."""
+    if sys.platform.startswith("linux"):
+        try:
+            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(),
+                           os.getpriority(os.PRIO_PROCESS, threading.get_native_id()) + READ_NICENESS)
+        except OSError:  # a sandbox may refuse it: the threads read at the caller's priority
+            pass
 
 
 def read_ahead(dataset: Any, indices: Sequence[int], batch_size: int, collate: Callable[[list[Any]], Any], *,
@@ -31,7 +49,7 @@ def read_ahead(dataset: Any, indices: Sequence[int], batch_size: int, collate: C
     if threads < 1 or ahead < 1 or batch_size < 1:
         raise ValueError(f"threads, ahead and batch_size must be >= 1, got {threads}, {ahead}, {batch_size}")
     batches = [indices[start:start + batch_size] for start in range(0, len(indices), batch_size)]
-    with ThreadPoolExecutor(threads, thread_name_prefix="rankopt-read") as pool:
+    with ThreadPoolExecutor(threads, thread_name_prefix="rankopt-read", initializer=_lower_priority) as pool:
         pending: deque[list[Future[Any]]] = deque()
         following = iter(batches)
         try:

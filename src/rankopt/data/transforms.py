@@ -130,6 +130,16 @@ class ImageTransform:
             return self.fast(image)
         return self.reference(image)
 
+    def without_torch(self, image: Image.Image) -> torch.Tensor | None:
+        """``self(image)`` made without a torch operation, so on any thread beside the one running the model (the
+        fused kernel of a preset that draws nothing: every test preset but the area-resized ones), or None where
+        this transform needs torch for ``image`` (:mod:`rankopt.serve.batcher` then transforms it on its torch
+        thread)."""
+        fused = self.fast.fused if self.fast is not None else None
+        if fused is None or fused.draws or not isinstance(image, Image.Image):
+            return None
+        return fused(to_rgb(image))
+
     def reference(self, image: Image.Image | torch.Tensor) -> torch.Tensor:
         """The kornia ops on ``image`` (what the fast path reproduces)."""
         x = pil_to_tensor(to_rgb(image)) if isinstance(image, Image.Image) else image

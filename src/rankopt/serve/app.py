@@ -46,7 +46,7 @@ from starlette.datastructures import UploadFile
 from starlette.exceptions import HTTPException
 
 from rankopt import __version__
-from rankopt.serve.batcher import MicroBatcher
+from rankopt.serve.batcher import FollowUp, MicroBatcher
 from rankopt.serve.holder import IndexHolder, Snapshot
 from rankopt.serve.guard import Guard, error_response
 from rankopt.serve.images import OpenedUpload, open_upload
@@ -142,21 +142,26 @@ class Service:
                 start = time.perf_counter()
                 upload = await self.run(open_upload, query.value, self.limits, snapshot.decode_min_side,
                                         repr(query.name))
-                image = await self._decoded(upload, start)
-            record = await self.batcher.embed(  # searched on the torch thread right after the forward
-                snapshot, image, then=lambda embedding: self._search(snapshot, embedding.unsqueeze(0), query))
+                image, transformed = await self._decoded(snapshot, upload, start)
+            searched = FollowUp(("search", id(snapshot), query.k, repr(query.filter)),  # with the batch's like queries
+                                lambda embeddings: self._search(snapshot, embeddings, query))
+            record = await self.batcher.embed(snapshot, image, transformed=transformed, then=searched)
         else:
-            record = await self.batcher.call(self._search, snapshot, query.value, query)
+            record = (await self.batcher.call(self._search, snapshot, query.value, query))[0]
         record["query"] = query.name
         return record
 
-    async def _decoded(self, upload: OpenedUpload, start: float) -> Any:
-        """``upload`` decoded on a worker thread, a heavy one in :attr:`heavy_lane`; the time since ``start``
-        is the query's decode stage."""
+    async def _decoded(self, snapshot: Snapshot, upload: OpenedUpload, start: float) -> tuple[Any, bool]:
+        """``upload`` decoded on a worker thread, a heavy one in :attr:`heavy_lane`, and transformed there when that
+        needs no torch (:meth:`Snapshot.transform_here`): ``(model input, True)``, else ``(image, False)``. The
+        time since ``start`` is the query's decode stage."""
         async with self.heavy_lane if upload.heavy else contextlib.nullcontext():  # waits holding no thread
-            image = await self.run(upload.decode)
-        self.metrics.observe_stage("decode", time.perf_counter() - start)
-        return image
+            image, decoded, transformed = await self.run(_decode_and_transform, snapshot, upload)
+        self.metrics.observe_stage("decode", decoded - start)
+        if transformed is None:
+            return image, False
+        self.metrics.observe_stage("transform", time.perf_counter() - decoded)
+        return transformed, True
 
     @staticmethod
     def _media_type(request: Request) -> str:
@@ -240,19 +245,21 @@ class Service:
         return check_k(given, self.limits)
 
     @staticmethod
-    def _search(snapshot: Snapshot, vector: torch.Tensor | int, query: Query) -> dict[str, Any]:
-        """The record of ``vector`` (``(1, D)``, or an item's row) on the torch thread."""
-        if isinstance(vector, int):
-            vector = snapshot.index.embeddings[vector].unsqueeze(0)
+    def _search(snapshot: Snapshot, vectors: torch.Tensor | int, query: Query) -> list[dict[str, Any]]:
+        """The records of ``vectors`` (``(n, D)``, or an item's row) searched with ``query``'s ``k`` and filter, on
+        the torch thread."""
+        if isinstance(vectors, int):
+            vectors = snapshot.index.embeddings[vectors].unsqueeze(0)
         options = {} if query.filter is None else {"filter": query.filter}
         try:
-            result = snapshot.index.search(vector, query.k, **options)
+            result = snapshot.index.search(vectors, query.k, **options)
         except ValueError as err:  # checked before; an index reloaded meanwhile may still refuse
             raise ApiError(400, str(err)) from None
-        record = result.records()[0]
-        if result.note:
-            record["note"] = result.note
-        return record
+        records = result.records()
+        for record in records:
+            if result.note:
+                record["note"] = result.note
+        return records
 
     # ------------------------------------------------------------------ embed
     async def embed(self, request: Request) -> dict[str, Any]:
@@ -279,8 +286,8 @@ class Service:
 
     async def _embedded(self, snapshot: Snapshot, upload: OpenedUpload, start: float) -> list[float]:
         with self.batcher.expecting():
-            image = await self._decoded(upload, start)
-        return await self.batcher.embed(snapshot, image, then=_as_list)
+            image, transformed = await self._decoded(snapshot, upload, start)
+        return await self.batcher.embed(snapshot, image, transformed=transformed, then=AS_LISTS)
 
     def _checked_embed_json(self, data: bytes) -> list[tuple[str, bytes]]:
         body = parse_json(data, self.limits, "the JSON body", max_bytes=self.limits.max_upload_bytes)
@@ -422,9 +429,15 @@ def create_app(holder: IndexHolder, settings: Settings | None = None) -> FastAPI
     return app
 
 
-def _as_list(embedding: torch.Tensor) -> list[float]:
-    """A ``(D,)`` embedding as JSON numbers, on the torch thread right after its forward."""
-    return embedding.tolist()
+AS_LISTS = FollowUp("as lists", torch.Tensor.tolist)
+"""``(n, D)`` embeddings as JSON numbers, on the torch thread right after their forward."""
+
+
+def _decode_and_transform(snapshot: Snapshot, upload: OpenedUpload) -> tuple[Any, float, torch.Tensor | None]:
+    """``(image, time decoded, its model input or None)``: ``upload`` decoded, then transformed where that needs no
+    torch (on a worker thread: :meth:`Snapshot.transform_here`)."""
+    image = upload.decode()
+    return image, time.perf_counter(), snapshot.transform_here(image)
 
 
 def _chunks(items: list[Any], size: int) -> Iterator[list[Any]]:

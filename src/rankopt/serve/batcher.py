@@ -1,19 +1,22 @@
-"""Micro-batching: image queries that arrive together are transformed and embedded by one forward pass.
+"""Micro-batching: image queries that arrive together are embedded by one forward pass.
 
 Every torch operation of the service runs on :data:`~rankopt.serve.torch_thread.TORCH_THREAD` (why:
-that module's docstring): each image's transform, the batched forward and the searches. The request
-threads only decode (Pillow, without the GIL).
+that module's docstring): the batched forward, the searches and the transforms that need torch. The
+request threads decode (Pillow, without the GIL) and make the model input where the transform runs no
+torch operation (the compiled kernel of the test presets, :meth:`Snapshot.transform_here`): the torch
+thread, the service's bottleneck under load, then spends its time on the forward.
 
 Requests put their decoded image on an asyncio queue and await its embedding. One collector takes the
 first waiting image and every image already queued; when images are still being decoded
 (:meth:`MicroBatcher.expecting`) and the batch is not full, it waits ``max_wait_s`` once for them. Then
 the torch thread transforms and embeds up to ``max_batch`` images while new requests queue: under load
 the batches grow by themselves, so throughput grows with the number of clients; a lone request never
-waits. A query's follow-up (``then``: its search) runs on the torch thread right after its batch's
-forward, before the next batch: queued behind the next forward instead, every query would spend two
-forwards in the server and the batches would stay half as large. Images are grouped by model and
-transformed size (a reload or a size-keeping transform may mix them); an image whose transform fails
-fails its own request only.
+waits. A query's follow-up (``then``, a :class:`FollowUp`: its search) runs on the torch thread right after
+its batch's forward, before the next batch: queued behind the next forward instead, every query would spend
+two forwards in the server and the batches would stay half as large. The follow-ups of a batch that share a
+key run as one call (one search product for the batch's queries of one ``k`` and filter). Images are grouped
+by model and transformed size (a reload or a size-keeping transform may mix them); an image whose transform
+fails fails its own request only.
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Hashable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -31,7 +34,16 @@ from rankopt.serve.holder import Snapshot
 from rankopt.serve.torch_thread import TORCH_THREAD
 
 R = TypeVar("R")
-Then = Callable[[torch.Tensor], Any]
+
+
+@dataclass(frozen=True)
+class FollowUp:
+    """What runs on the torch thread right after a job's forward: ``run(embeddings)`` takes the ``(n, D)``
+    embeddings of the ``n`` jobs of a batch whose follow-ups share ``key`` (the first one's ``run`` is called for
+    them all, so equal keys must mean the same computation) and returns their ``n`` answers in order."""
+
+    key: Hashable
+    run: Callable[[torch.Tensor], Sequence[Any]]
 
 
 def default_threads() -> int:
@@ -49,16 +61,17 @@ def default_threads() -> int:
 @dataclass
 class _Job:
     snapshot: Snapshot
-    image: Any  # a decoded image, as the snapshot's transform takes it
-    then: Then | None  # run on the embedding, on the torch thread
+    image: Any  # a decoded image, as the snapshot's transform takes it, or its model input when ``transformed``
+    transformed: bool
+    then: FollowUp | None  # run on the embedding, on the torch thread
     done: asyncio.Future[Any]
     queued: float  # time.perf_counter() when queued
 
 
 class MicroBatcher:
-    """``await batcher.embed(snapshot, image)`` -> the ``(D,)`` embedding of a decoded image (``then=fn``:
-    ``fn(embedding)``, computed on the torch thread); ``await batcher.call(fn, *args)`` -> ``fn(*args)`` on
-    the torch thread.
+    """``await batcher.embed(snapshot, image)`` -> the ``(D,)`` embedding of a decoded image (``transformed=True``:
+    ``image`` is already its ``(3, H, W)`` model input; ``then=FollowUp(...)``: the follow-up's answer for it,
+    computed on the torch thread); ``await batcher.call(fn, *args)`` -> ``fn(*args)`` on the torch thread.
 
     Use between :meth:`start` and :meth:`stop`, inside one event loop. ``on_batch(n)`` is told each
     forward's size, ``on_stage(stage, seconds)`` the time of each queue wait, transform, forward and
@@ -104,11 +117,12 @@ class MicroBatcher:
         """``fn(*args)`` on the torch thread, after the batches already handed to it."""
         return await TORCH_THREAD.call(fn, *args)
 
-    async def embed(self, snapshot: Snapshot, image: Any, *, then: Then | None = None) -> Any:
+    async def embed(self, snapshot: Snapshot, image: Any, *, transformed: bool = False,
+                    then: FollowUp | None = None) -> Any:
         if self._queue is None:
             raise RuntimeError("the micro-batcher is not started")
         done: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
-        await self._queue.put(_Job(snapshot, image, then, done, time.perf_counter()))
+        await self._queue.put(_Job(snapshot, image, transformed, then, done, time.perf_counter()))
         return await done
 
     def _drain(self, batch: list[_Job]) -> None:
@@ -160,11 +174,12 @@ def _timed(stages: list[tuple[str, float]], stage: str, fn: Callable[..., R], *a
 
 def _run_on_torch_thread(jobs: list[_Job]) -> tuple[list[Any], list[int], list[tuple[str, float]]]:
     """Each job's outcome (its embedding, or ``then``'s answer, or the error of its transform, forward or
-    follow-up), the forwards' sizes and the stages' times (``queue`` per job, ``transform`` per image,
-    ``forward`` per batch, ``search`` per follow-up)."""
+    follow-up), the forwards' sizes and the stages' times (``queue`` per job, ``transform`` per image transformed
+    here, ``forward`` per batch, ``search`` per job followed up: its share of its group's call)."""
     now = time.perf_counter()
     stages = [("queue", now - job.queued) for job in jobs]
-    outcomes = [_timed(stages, "transform", job.snapshot.transform, job.image) for job in jobs]
+    outcomes = [job.image if job.transformed else _timed(stages, "transform", job.snapshot.transform, job.image)
+                for job in jobs]
     groups: dict[tuple[int, tuple[int, ...]], list[int]] = {}
     for position, (job, image) in enumerate(zip(jobs, outcomes)):
         if not isinstance(image, Exception):
@@ -177,7 +192,23 @@ def _run_on_torch_thread(jobs: list[_Job]) -> tuple[list[Any], list[int], list[t
             sizes.append(len(positions))
         for row, position in enumerate(positions):
             outcomes[position] = embeddings if isinstance(embeddings, Exception) else embeddings[row]
+    _follow_up(jobs, outcomes, stages)
+    return outcomes, sizes, stages
+
+
+def _follow_up(jobs: list[_Job], outcomes: list[Any], stages: list[tuple[str, float]]) -> None:
+    """Each embedded job's outcome replaced by its follow-up's answer, one call per key."""
+    groups: dict[Hashable, list[int]] = {}
     for position, job in enumerate(jobs):
         if job.then is not None and not isinstance(outcomes[position], Exception):
-            outcomes[position] = _timed(stages, "search", job.then, outcomes[position])
-    return outcomes, sizes, stages
+            groups.setdefault(job.then.key, []).append(position)
+    for positions in groups.values():
+        run = jobs[positions[0]].then.run  # type: ignore[union-attr]
+        answers = _timed(stages, "search", run, torch.stack([outcomes[p] for p in positions]))
+        if isinstance(answers, Exception):
+            answers = [answers] * len(positions)
+        else:  # the call's time as each job's share, so the stage's mean stays per query
+            seconds = stages.pop()[1] / len(positions)
+            stages.extend([("search", seconds)] * len(positions))
+        for position, answer in zip(positions, answers, strict=True):
+            outcomes[position] = answer

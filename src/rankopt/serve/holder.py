@@ -54,6 +54,12 @@ class Snapshot:
         """A decoded image -> the ``(3, H, W)`` model input (the index's test transform)."""
         return self.embedder.transform(image)
 
+    def transform_here(self, image: Any) -> torch.Tensor | None:
+        """:meth:`transform` made on the calling thread when the transform runs no torch operation for ``image``
+        (:meth:`~rankopt.data.transforms.ImageTransform.without_torch`), else None: the torch thread transforms it."""
+        without_torch = getattr(self.embedder.transform, "without_torch", None)
+        return None if without_torch is None else without_torch(image)
+
     def embed(self, images: torch.Tensor) -> torch.Tensor:
         """``(B, 3, H, W)`` transformed images -> ``(B, D)`` embeddings (:meth:`Embedder.embed_batch`)."""
         return self.embedder.embed_batch(images)

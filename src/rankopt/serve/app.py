@@ -256,8 +256,8 @@ class Service:
         except ValueError as err:  # checked before; an index reloaded meanwhile may still refuse
             raise ApiError(400, str(err)) from None
         records = result.records()
-        for record in records:
-            if result.note:
+        if result.note:
+            for record in records:
                 record["note"] = result.note
         return records
 

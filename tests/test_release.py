@@ -104,7 +104,7 @@ def test_sdist_and_wheel_hold_the_package_and_its_metadata(tmp_path: Path):
         assert wanted in classifiers
     urls = {u.split(",", 1)[0] for u in metadata.get_all("Project-URL")}
     assert {"Homepage", "Documentation", "Source", "Changelog", "Issues"} <= urls
-    assert "rankopt = rankopt.cli:main" in entry_points
+    assert "rankopt = rankopt.cli:console_main" in entry_points
 
     with tarfile.open(sdist) as tar:
         members = set(tar.getnames())

@@ -1,5 +1,5 @@
 import sys
 
-from rankopt.cli import main
+from rankopt.cli import console_main
 
-sys.exit(main())
+sys.exit(console_main())

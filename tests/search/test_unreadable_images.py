@@ -15,6 +15,7 @@ from PIL import Image
 from rankopt.cli import main
 from rankopt.data import DatasetProblems
 from rankopt.data.image_files import decode_problem
+from rankopt.data.image_folder import folder_dataset
 from rankopt.data.readable import readable_images
 from rankopt.search import Index
 
@@ -92,3 +93,65 @@ def test_index_add_appends_what_it_left_out(tmp_path, checkpoint, tree, capsys):
     assert "left out 1 unreadable image(s)" in capsys.readouterr().out
     assert len(Index.load(out)) == 24
     assert (out / "skipped.txt").read_text().count("cut.jpg") == 1
+
+
+@pytest.mark.parametrize("workers", [0, 1], ids=["threads-reading-ahead", "dataloader-worker"])
+def test_the_embedding_pass_finds_unreadable_images_decoding_each_photo_once(tmp_path, checkpoint, monkeypatch,
+                                                                             workers):
+    """The default path: no decode check before the pass (decode_problem runs only for the items that failed), the
+    same items, labels and embeddings as the checked path, and a class whose every photo is unreadable is gone."""
+    from rankopt.data import image_files, readable
+    from rankopt.search.embedder import Embedder
+
+    photos = tmp_path / "photos"
+    bad = messy(photos)
+    (photos / "beta" / "gone").mkdir(parents=True)
+    bad["lone"] = photos / "beta" / "gone" / "lone.jpg"
+    bad["lone"].write_bytes(jpeg_bytes()[:-400])
+    embedder = Embedder.from_checkpoint(checkpoint, progress=False, num_workers=workers)
+    checked, _ = readable_images(photos)
+    expected = embedder.embed(checked)
+    calls = []
+    monkeypatch.setattr(readable, "decode_problem", lambda path: calls.append(path) or image_files.decode_problem(path))
+    skipped = ["earlier line"]
+    dataset, split = embedder.embed_images(photos, skipped=skipped)
+    if not workers:  # a worker process records its calls in its own copy of the list
+        assert sorted(calls) == sorted(str(p) for p in bad.values())  # only the failures were checked
+    assert skipped[0] == "earlier line"
+    assert [line.split(":")[0] for line in skipped[1:]] == sorted(map(str, bad.values()))
+    assert split.paths == dataset.paths == checked.paths
+    assert np.array_equal(split.labels.numpy(), checked.labels) and np.array_equal(dataset.labels, checked.labels)
+    names = dataset.metadata["label_names"]
+    assert names == checked.metadata["label_names"] and "gone" not in str(names)
+    assert "gone" in str(folder_dataset(photos).metadata["label_names"])  # the class of unreadable photos only
+    assert np.allclose(split.embeddings.numpy(), expected.embeddings.numpy(), atol=1e-6)
+
+
+def test_a_readable_photo_that_fails_raises_instead_of_being_left_out(tmp_path, checkpoint, tree):
+    """Only an image decode_problem calls unreadable is left out: a failure in the transform of a good photo (a bug,
+    not bad input) raises as it would without skipping."""
+    from rankopt.search.embedder import Embedder
+
+    embedder = Embedder.from_checkpoint(checkpoint, progress=False)
+
+    def broken(image):
+        raise RuntimeError("a transform bug")
+
+    embedder.transform = broken
+    with pytest.raises(RuntimeError, match="a transform bug"):
+        embedder.embed_images(tree, skipped=[])
+
+
+def test_skipping_needs_one_process_and_no_output_file_and_at_least_one_readable_photo(tmp_path, checkpoint):
+    from rankopt.engine.embed_and_score import embed_dataset
+    from rankopt.search.embedder import Embedder
+
+    photos = tmp_path / "photos"
+    photos.mkdir()
+    (photos / "a.jpg").write_bytes(b"")
+    (photos / "b.jpg").write_text("text")
+    embedder = Embedder.from_checkpoint(checkpoint, progress=False)
+    with pytest.raises(ValueError, match="none of the 2 image"):
+        embedder.embed_images(photos, skipped=[])
+    with pytest.raises(ValueError, match="unreadable= needs one process and no out="):
+        embed_dataset(embedder.network, [], out=tmp_path / "x.npy", unreadable={})

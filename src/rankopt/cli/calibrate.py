@@ -42,7 +42,6 @@ def run(args: argparse.Namespace) -> int:
     from rankopt.cli.index import checked_source
     from rankopt.files import write_text_atomic
     from rankopt.search import Index
-    from rankopt.search.embedder import as_dataset
     from rankopt.search.storage import INDEX_JSON
     from rankopt.search.threshold import calibrate, format_table
 
@@ -58,11 +57,10 @@ def run(args: argparse.Namespace) -> int:
     check_output(args.out, "--out", folder=True, inputs=[args.model_or_index, args.index])  # before any embedding
     index = Index.load(args.index) if args.index is not None else None
     embedder = index_embedder(index, args)  # with an index: its embedding pipeline, its model's fingerprint
-    images, skipped = checked_source(args)
+    images, skipped, found = checked_source(args)
+    dataset, split = embedder.embed_images(images, desc="embedding the calibration split", **found)
     if skipped:
         print(f"left out {len(skipped)} unreadable image(s), the first: {skipped[0]} (--strict: refuse instead)")
-    dataset = as_dataset(images, embedder.transform, class_tree=True)
-    split = embedder.embed(dataset, desc="embedding the calibration split")
     source = {"dataset": args.dataset or str(Path(args.images).resolve()), "split": args.split or dataset.split,
               "items": len(split.paths), "fingerprint": embedder.fingerprint}
     result = calibrate(split.embeddings, split.labels, args.fmr, similarity=index.similarity if index else "cosine",

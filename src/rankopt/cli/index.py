@@ -71,13 +71,14 @@ def run(args: argparse.Namespace) -> int:
         if args.faiss:
             raise ValueError("--faiss and --backend qdrant: an index is searched through one of them")
     check_target(args.out)  # before the embedding: a user's folder is never overwritten
-    gallery, skipped = checked_source(args)
+    gallery, skipped, found = checked_source(args)
     place, device = sharded.start(args.device, cpu_gather=args.onnx is not None)  # torchrun: one shard per rank
     embedder = embedder_from_args(args, device=device, batch_size=args.batch_size, num_workers=args.num_workers,
                                   progress=not args.no_progress)
     post = postprocessing_from_args(args, embedder.fingerprint)
     index = sharded.build(embedder, gallery, similarity=args.similarity, postprocessing=post, faiss=args.faiss,
-                          faiss_params=args.faiss_params, metadata=args.metadata, progress=not args.no_progress)
+                          faiss_params=args.faiss_params, metadata=args.metadata, progress=not args.no_progress,
+                          **found)
     sharded.finish(place)
     if index is None:  # another rank than 0: its shard is in rank 0's index
         return 0
@@ -118,13 +119,19 @@ def source_from_args(args: argparse.Namespace) -> Any:
     return build_dataset(args.dataset, args.root, split)
 
 
-def checked_source(args: argparse.Namespace) -> tuple[Any, list[str]]:
-    """The images of :func:`source_from_args`, each decoded once before any embedding
-    (:func:`rankopt.data.readable.readable_images`): ``(the readable ones as a dataset, a line per one left out)``;
-    ``--strict`` refuses them all at once instead."""
+def checked_source(args: argparse.Namespace) -> tuple[Any, list[str], dict[str, list[str]]]:
+    """``(the images of source_from_args, a line per one left out, options for Index.build/add)``. By default the
+    embedding pass finds the unreadable images itself (the options' ``skipped`` list fills as it runs: each photo
+    decoded once). ``--strict``, and each rank under torchrun, decode every image first
+    (:func:`rankopt.data.readable.readable_images`): ``--strict`` refuses them all before any embedding, and every
+    rank shards the same readable list."""
+    source = source_from_args(args)
+    if not args.strict and int(os.environ.get("WORLD_SIZE", 1)) <= 1:
+        skipped: list[str] = []
+        return source, skipped, {"skipped": skipped}
     from rankopt.data.readable import readable_images
 
-    return readable_images(source_from_args(args), strict=args.strict)
+    return *readable_images(source, strict=args.strict), {}
 
 
 def write_skipped(folder: str | os.PathLike[str], skipped: list[str], *, replace: bool) -> None:

@@ -61,10 +61,10 @@ def run_add(args: argparse.Namespace) -> int:
     from rankopt.search import Index
     from rankopt.search.storage import index_folder
 
-    images, skipped = checked_source(args)
+    images, skipped, found = checked_source(args)
     with Index.editing(args.index) as index:
         before = len(index)
-        index.add(images, metadata=args.metadata, model=index_embedder(index, args))
+        index.add(images, metadata=args.metadata, model=index_embedder(index, args), **found)
         write_skipped(index_folder(args.index), skipped, replace=False)
     return _done(index, args, f"added {len(index) - before} item(s): ids {index.ids[before]} ... {index.ids[-1]}"
                  if len(index) > before else "added no item")

@@ -47,6 +47,7 @@ from rankopt.checks import check_labels
 from rankopt.config import EvalConfig
 from rankopt.console import bars_shown
 from rankopt.data.fast_transform import collate
+from rankopt.data.readable import ReadableCollate, SkipUnreadable
 from rankopt.data.reader import read_ahead
 from rankopt.engine.distributed import gather_for_evaluation
 from rankopt.console import progress
@@ -92,7 +93,8 @@ def embed_dataset(model: torch.nn.Module, dataset: Dataset, *, batch_size: int =
                   show_progress: bool = True, desc: str = "embedding",
                   batch_transform: Callable[[torch.Tensor], torch.Tensor] | None = None,
                   embedding_transform: Callable[[torch.Tensor], torch.Tensor] | None = None,
-                  out: str | os.PathLike[str] | None = None, read_threads: int = 0) -> EmbeddedSplit:
+                  out: str | os.PathLike[str] | None = None, read_threads: int = 0,
+                  unreadable: dict[int, str] | None = None) -> EmbeddedSplit:
     """Embed every item of ``dataset`` (``model`` in eval mode, restored afterwards).
 
     ``batch_transform``: applied to each ``(B, 3, H, W)`` batch on ``device`` (datasets built without a transform).
@@ -106,17 +108,18 @@ def embed_dataset(model: torch.nn.Module, dataset: Dataset, *, batch_size: int =
     :func:`rankopt.files.open_npy_atomic`) and the returned split's embeddings are that memory map. Under
     ``torch.distributed`` the shards are gathered in memory and rank 0 writes ``out``. ``read_threads`` (without
     ``num_workers``): the next batches are read on that many threads during the forward
-    (:func:`rankopt.data.reader.read_ahead`; datasets safe to read from several threads).
+    (:func:`rankopt.data.reader.read_ahead`; datasets safe to read from several threads). ``unreadable`` (one
+    process, no ``out``): an item whose image cannot be read (:class:`rankopt.data.readable.SkipUnreadable`) is left
+    out and ``unreadable[position] = why`` recorded; the split holds the other items' rows, the dataset's metadata
+    as it is (:func:`rankopt.data.readable.without_unreadable` makes the dataset of those items).
     """
     device = torch.device(device)
     rank, world = _distributed()
+    if unreadable is not None and (world > 1 or out is not None):
+        raise ValueError("unreadable= needs one process and no out= file (check the images first: "
+                         "rankopt.data.readable.readable_images)")
     shard = np.array_split(np.arange(len(dataset)), world)[rank]
-    loader: Iterable[Any]
-    if read_threads > 0 and num_workers == 0:
-        loader = read_ahead(dataset, shard.tolist(), batch_size, collate, threads=read_threads)
-    else:
-        loader = DataLoader(Subset(dataset, shard.tolist()), batch_size=batch_size, shuffle=False,
-                            num_workers=num_workers, generator=torch.Generator().manual_seed(0), collate_fn=collate)
+    loader = _batches(dataset, shard.tolist(), batch_size, num_workers, read_threads, skip=unreadable is not None)
     was_training = model.training
     model.eval()
     local: torch.Tensor | None = None  # (N_local, D), allocated when the first batch gives D
@@ -128,8 +131,13 @@ def embed_dataset(model: torch.nn.Module, dataset: Dataset, *, batch_size: int =
                 return torch.from_numpy(files.enter_context(open_npy_atomic(out, (len(shard), dim), np.float32)))
             return torch.empty((len(shard), dim), device=device if world > 1 else "cpu")  # gathered on device
 
-        for batch in progress(loader, desc=desc, enabled=show_progress and rank == 0,
-                              total=-(-len(shard) // batch_size), count=lambda batch: len(batch["image"])):
+        for batch, bad in progress(loader, desc=desc, enabled=show_progress and rank == 0,
+                                   total=-(-len(shard) // batch_size),
+                                   count=lambda pair: len(pair[1]) + (len(pair[0]["image"]) if pair[0] else 0)):
+            if unreadable is not None:
+                unreadable.update(bad)
+            if batch is None:  # every item of the batch unreadable
+                continue
             images = batch["image"].to(device, non_blocking=True)
             if batch_transform is not None:
                 images = batch_transform(images)
@@ -152,7 +160,26 @@ def embed_dataset(model: torch.nn.Module, dataset: Dataset, *, batch_size: int =
                 array[:] = local.numpy()
     labels = torch.as_tensor(np.asarray(dataset.labels), dtype=torch.long)  # type: ignore[attr-defined]
     metadata = dict(getattr(dataset, "metadata", {}) or {})
-    return EmbeddedSplit(local, labels, list(dataset.paths), metadata)  # type: ignore[attr-defined]
+    paths = list(dataset.paths)  # type: ignore[attr-defined]
+    if unreadable:
+        kept = [i for i in range(len(paths)) if i not in unreadable]
+        local, labels, paths = local[:filled], labels[kept], [paths[i] for i in kept]
+    return EmbeddedSplit(local, labels, paths, metadata)
+
+
+def _batches(dataset: Dataset, indices: list[int], batch_size: int, num_workers: int, read_threads: int, *,
+             skip: bool) -> Iterable[tuple[Any, list[tuple[int, str]]]]:
+    """``(batch, [(position, why) of the items left out])`` of ``dataset[indices]`` in order: read ahead on
+    ``read_threads`` threads, else by a DataLoader with ``num_workers``; ``skip``: unreadable images are left out
+    (:class:`~rankopt.data.readable.SkipUnreadable`; batch ``None`` when none is left), else their error raises."""
+    source: Any = SkipUnreadable(dataset) if skip else dataset
+    batched = ReadableCollate(collate) if skip else collate
+    if read_threads > 0 and num_workers == 0:
+        loader: Iterable[Any] = read_ahead(source, indices, batch_size, batched, threads=read_threads)
+    else:
+        loader = DataLoader(Subset(source, indices), batch_size=batch_size, shuffle=False, num_workers=num_workers,
+                            generator=torch.Generator().manual_seed(0), collate_fn=batched)
+    return loader if skip else ((batch, []) for batch in loader)
 
 
 def query_ref_index(query_paths: Sequence[str], gallery_paths: Sequence[str]) -> torch.Tensor:

@@ -27,6 +27,7 @@ from torch import nn
 from rankopt.data.base import RetrievalDataset
 from rankopt.data.transforms import build_transform
 from rankopt.data.image_folder import folder_dataset, images_dataset
+from rankopt.data.readable import without_unreadable
 from rankopt.engine.assembly import (
     inference_preprocessing,
     model_from_checkpoint,
@@ -183,15 +184,37 @@ class Embedder:
         """The runtime :attr:`network` runs on, its threads, and why it was chosen."""
         return self._prepared[1]
 
-    def embed(self, images: ImageSource, *, desc: str = "embedding") -> EmbeddedSplit:
-        """Embeddings ``(N, D)`` of ``images`` (a dataset is embedded with this embedder's transform)."""
+    def embed(self, images: ImageSource, *, desc: str = "embedding",
+              unreadable: dict[int, str] | None = None) -> EmbeddedSplit:
+        """Embeddings ``(N, D)`` of ``images`` (a dataset is embedded with this embedder's transform);
+        ``unreadable``: the items whose image cannot be read are left out and recorded there
+        (:func:`rankopt.engine.embed_and_score.embed_dataset`)."""
         dataset = as_dataset(images, self.transform)
         split = embed_dataset(self.network, dataset, batch_size=self.batch_size, device=self.device,
                               num_workers=self.num_workers, show_progress=self.progress, desc=desc,
-                              read_threads=self.read_threads)
+                              read_threads=self.read_threads, unreadable=unreadable)
         if self.post is not None:
             split.embeddings = self.post.whiten(split.embeddings)
         return split
+
+    def embed_images(self, images: ImageSource, *, desc: str = "embedding",
+                     skipped: list[str] | None = None) -> tuple[RetrievalDataset, EmbeddedSplit]:
+        """``(the dataset of images, its embeddings)`` (one folder: its class tree). ``skipped``: the images that
+        cannot be read are left out, found by the pass itself so that each is decoded once
+        (:mod:`rankopt.data.readable`; a folder's class tree is rebuilt from the readable images), one line each
+        appended there ("PATH: why"); none readable is a ``ValueError``. Without it such an image raises."""
+        dataset = as_dataset(images, self.transform, class_tree=True)
+        if skipped is None:
+            return dataset, self.embed(dataset, desc=desc)
+        bad: dict[int, str] = {}
+        split = self.embed(dataset, desc=desc, unreadable=bad)
+        readable, lines = without_unreadable(images, dataset, bad)
+        skipped.extend(lines)
+        if bad:
+            assert split.paths == readable.paths, "the readable dataset lists the embedded items in their order"
+            split = EmbeddedSplit(split.embeddings, torch.as_tensor(readable.labels, dtype=torch.long),
+                                  list(readable.paths), dict(readable.metadata))
+        return readable, split
 
     @torch.inference_mode()
     def embed_batch(self, images: torch.Tensor) -> torch.Tensor:

@@ -41,7 +41,7 @@ from rankopt.search import storage
 from rankopt.search.approximate import Faiss
 from rankopt.search.settings import EMBED, INDEX
 from rankopt.search.backend import Backend, Exact, exact_search
-from rankopt.search.embedder import Embedder, ImageSource, as_dataset, base_preprocessing, stored_post
+from rankopt.search.embedder import Embedder, ImageSource, base_preprocessing, stored_post
 from rankopt.search.items import IndexItems, changed_files, crop_dataset, dataset_items, item_paths
 from rankopt.search.label_names import (default_level_names, dataset_label_names, label_texts, labels_of_paths,
                                    merge_labels)
@@ -103,7 +103,7 @@ class Index:
               similarity: str = INDEX.similarity, postprocessing: PostProcessing | None = None,
               faiss: str | None = None, faiss_params: str | None = None, metadata: MetadataSource | None = None,
               batch_size: int = EMBED.batch_size, device: str = EMBED.device, num_workers: int = EMBED.num_workers,
-              progress: bool = True, runtime: str | None = None) -> Index:
+              progress: bool = True, runtime: str | None = None, skipped: list[str] | None = None) -> Index:
         """Embed ``images_or_dataset`` (a dataset, an image folder, or image files/folders) and index them.
 
         ``model_or_checkpoint``: a checkpoint path (model, test transform and ``preprocessing`` from its
@@ -115,6 +115,7 @@ class Index:
         / ``.parquet`` file or a ``{path: row}`` table keyed by image path, besides a dataset's own columns
         (a CSV dataset's ``id`` column gives the ids). ``runtime``: what runs a checkpoint's forward (``auto``,
         ``torch``, ``onnx``; :mod:`rankopt.export.runtimes`; default ``$RANKOPT_RUNTIME``, else ``auto``).
+        ``skipped``: unreadable images are left out and listed there (:meth:`Embedder.embed_images`).
         """
         options = {"device": device, "batch_size": batch_size, "num_workers": num_workers, "progress": progress}
         if isinstance(model_or_checkpoint, Embedder):
@@ -128,10 +129,9 @@ class Index:
                                  "to choose them")
             embedder = Embedder.from_checkpoint(model_or_checkpoint, runtime=runtime, **options)
         embedder = embedder.with_postprocessing(postprocessing)
-        dataset = as_dataset(images_or_dataset, embedder.transform, class_tree=True)
-        return cls.from_split(embedder, dataset, embedder.embed(dataset), similarity=similarity,
-                              postprocessing=postprocessing, faiss=faiss, faiss_params=faiss_params,
-                              metadata=metadata, progress=progress)
+        dataset, split = embedder.embed_images(images_or_dataset, skipped=skipped)
+        return cls.from_split(embedder, dataset, split, similarity=similarity, postprocessing=postprocessing,
+                              faiss=faiss, faiss_params=faiss_params, metadata=metadata, progress=progress)
 
     @classmethod
     def from_split(cls, embedder: Embedder, dataset: Any, split: EmbeddedSplit, *, similarity: str = INDEX.similarity,
@@ -374,10 +374,11 @@ class Index:
     def add(self, images_or_embeddings: Embeddings | ImageSource, paths: Sequence[str] | None = None,
             labels: Embeddings | None = None, *, ids: Sequence[str] | None = None,
             metadata: MetadataSource | Columns | None = None, fingerprint: str | None = None,
-            model: nn.Module | Embedder | None = None, checkpoint: str | os.PathLike[str] | None = None) -> Index:
+            model: nn.Module | Embedder | None = None, checkpoint: str | os.PathLike[str] | None = None,
+            skipped: list[str] | None = None) -> Index:
         """Append embeddings (``fingerprint`` checked when given; ``ids``, ``metadata`` as :meth:`from_embeddings`)
-        or images (embedded like image queries, labels merged by class name; ``metadata`` as :meth:`build`); returns
-        ``self``. New items get new ids; a path already indexed is refused."""
+        or images (embedded like image queries, labels merged by class name; ``metadata`` and ``skipped`` as
+        :meth:`build`); returns ``self``. New items get new ids; a path already indexed is refused."""
         self._require_changeable("items cannot be added")
         if isinstance(images_or_embeddings, (torch.Tensor, np.ndarray)):
             if fingerprint is not None and fingerprint != self.fingerprint:
@@ -391,8 +392,7 @@ class Index:
             if paths is not None or labels is not None or fingerprint is not None or ids is not None:
                 raise ValueError("paths=/labels=/fingerprint=/ids= go with embeddings; images bring their own")
             embedder = self.embedder_for(model, checkpoint)
-            dataset = as_dataset(images_or_embeddings, embedder.transform, class_tree=True)
-            split = embedder.embed(dataset, desc="embedding additions")
+            dataset, split = embedder.embed_images(images_or_embeddings, desc="embedding additions", skipped=skipped)
             x, y, names, new_paths = split.embeddings, split.labels, dataset_label_names(dataset), split.paths
             new_items = dataset_items(dataset, new_paths, metadata)
         if x.shape[1] != self.dim:

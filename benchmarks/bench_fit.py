@@ -361,7 +361,7 @@ def main() -> None:
              "small": link_tree(root, args.out / "photos-small", categories[::10][:10], 20)}
     trees["held-out-30min"] = trees["held-out"]
     for row, copies in (("scale-25k", 2), ("scale-50k", 5)):
-        if any(r.partition(":")[0] == row for r in args.rows):
+        if any(r.partition(":")[0].partition("@")[0] == row for r in args.rows):
             trees[row] = grown_tree(root, args.out / f"photos-{row}", categories, copies)
     every = [p for name in categories for p in sorted((root / name).iterdir())]
     closed = {"known": closed_set_split(every, lambda p: p.name)}
@@ -422,7 +422,7 @@ def main() -> None:
                      f"{mean_sd([r['peak_gib'] for r in results], 2)} | {results[0]['indexed']} | "
                      f"{mean_sd(features)} → {mean_sd(served)} | "
                      f"{', '.join(r['fit']['chosen']['model'] for r in results)} |")
-    scaled = [row for row in runs if row in ("whole", "scale-25k", "scale-50k")]
+    scaled = [row for row in runs if row.partition("@")[0] in ("whole", "scale-25k", "scale-50k")]
     if scaled:
         stages = list(dict.fromkeys(k for row in scaled for r in runs[row] for k in r["fit"]["seconds"]
                                     if k != "total")) + ["total"]  # every stage any run had (scales: when tried)

@@ -20,6 +20,7 @@ from helpers.servers import free_port
 from helpers.images import FIT_CLASSES as CLASSES
 from helpers.images import FIT_PER_CLASS as PER_CLASS
 from helpers.images import photo_folder
+from rankopt.fit.backbones import CANDIDATES
 
 README = Path(__file__).resolve().parents[2] / "README.md"
 MARKER = "<!-- own-photos"
@@ -47,10 +48,11 @@ def test_the_readme_leads_with_fit_then_serve():
 @pytest.mark.network
 def test_the_readme_commands_run_as_written(tmp_path):
     env = {**os.environ, "RANKOPT_CACHE": str(tmp_path / "cache"), "PYTHONUNBUFFERED": "1"}
-    fetch = subprocess.run([sys.executable, "-m", "rankopt", "weights", "fetch", "mobilenet_v2"], cwd=tmp_path, env=env,
-                           capture_output=True, text=True, timeout=300)
-    if fetch.returncode != 0:
-        pytest.skip(f"the package index did not answer: {fetch.stderr.strip()[-300:]}")
+    for name in CANDIDATES:  # fit's default, auto, may load each
+        fetch = subprocess.run([sys.executable, "-m", "rankopt", "weights", "fetch", name], cwd=tmp_path, env=env,
+                               capture_output=True, text=True, timeout=300)
+        if fetch.returncode != 0:
+            pytest.skip(f"the package index did not answer: {fetch.stderr.strip()[-300:]}")
     photo_folder(tmp_path / "photos")
     fit_command, serve_command = readme_commands()
     done = subprocess.run(as_process(fit_command), cwd=tmp_path, env=env, capture_output=True, text=True, timeout=900)

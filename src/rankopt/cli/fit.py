@@ -23,9 +23,10 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--minutes", type=float, default=defaults.minutes, metavar="M",
                         help=f"time budget of the whole command (default {defaults.minutes:g})")
     parser.add_argument("--backbone", default=defaults.backbone, metavar="NAME",
-                        help="pretrained release by name, fetched once into rankopt's cache (rankopt weights list; "
-                             f"default {defaults.backbone}), or a timm CNN, timm:NAME (timm and its hub, or --weights "
-                             "with a same-architecture file)")
+                        help="pretrained release by name, fetched once into rankopt's cache (rankopt weights list), "
+                             "auto (efficientnet_lite2 when one pass over the photos takes at most two thirds of "
+                             "the budget, else mobilenet_v2), or a timm CNN, timm:NAME (timm and its hub, or --weights "
+                             f"with a same-architecture file); default {defaults.backbone}")
     parser.add_argument("--weights", metavar="FILE", help="start from this file instead: a rankopt checkpoint, or "
                                                           "the release file of --backbone (its sha256 is checked)")
     parser.add_argument("--seed", type=int, default=defaults.seed,

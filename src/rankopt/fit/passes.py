@@ -19,6 +19,7 @@ from rankopt.data.reader import READ_THREADS
 from rankopt.data.transforms import build_transform
 from rankopt.engine.assembly import inference_preprocessing, model_from_checkpoint
 from rankopt.engine.weights import resolve_checkpoint
+from rankopt.fit.backbones import candidates, holds, passed_over
 from rankopt.fit.clock import clock_text
 from rankopt.fit.framing import FramingChoice, choose_framing
 from rankopt.fit.photos import save_split
@@ -43,33 +44,48 @@ PASS_MARGIN = 1.2
 
 
 def model_stage(run: FitState) -> None:
-    """The ``model`` stage: the pretrained network, its transform, its cut into trunk and tail; the split saved."""
+    """The ``model`` stage: the pretrained network (``--backbone auto``: :mod:`rankopt.fit.backbones`), its
+    transform, its cut into trunk and tail, the time of one pass over the photos; the split saved."""
     with run.clock.stage("model") as stage:
-        run.checkpoint = resolve_checkpoint(run.settings.backbone, run.settings.weights, say=run.clock.line)
-        run.net, run.cfg = model_from_checkpoint(run.checkpoint, run.device)
-        dataset = run.photos.dataset
-        dataset.transform = build_transform(run.cfg.data.test_transform, run.cfg.data.image_size)
         save_split(run.photos, run.folder)
-        size = tuple(dataset[0]["image"].shape[-2:])
-        run.net.freeze_bn = True
-        at = final_resolution_cut(run.net.cpu(), size)  # type: ignore[arg-type]
-        run.net.to(run.device)
-        run.trunk, tail = cut(run.net, at)
-        for p in run.trunk.parameters():
-            p.requires_grad_(False)
-        run.states = TailStates(tail, TrunkCache(torch.empty(0), ()))
-        trainable = sum(p.numel() for p in tail.parameters() if p.requires_grad)
-        run.frozen_net, run.frozen_trunk, run.runtime = frozen_forwards(
-            run.net, run.trunk, inference_preprocessing(run.cfg), run.settings.runtime, run.device, run.clock.line)
-        stage["done"] = (f"{run.cfg.model.backbone} at {size[0]}x{size[1]} px: the last {len(tail.stages)} of "
-                         f"{at + len(tail.stages)} stages and the head fine-tuned ({trainable / 1e6:.2f} M "
-                         f"parameters); frozen passes on {run.runtime.describe()}")
+        names = candidates(run.settings.backbone, run.settings.weights)
+        passed: list[str] = []
+        for backbone in names:
+            done = _load(run, backbone)
+            if backbone == names[-1] or holds(run.pass_s, run.clock.left()):
+                break
+            passed.append(passed_over(backbone, run.pass_s, run.clock.left()))
+        chosen = f"auto chose {run.cfg.model.backbone}" + (f" ({'; '.join(passed)}): " if passed else ": ")
+        stage["done"] = (chosen if len(names) > 1 else "") + done
+
+
+def _load(run: FitState, backbone: str) -> str:
+    """``backbone``'s network, cut, frozen forwards, sizing and one-pass time (``run.pass_s``) into ``run``; what was
+    loaded, in words."""
+    run.checkpoint = resolve_checkpoint(backbone, run.settings.weights, say=run.clock.line)
+    run.net, run.cfg = model_from_checkpoint(run.checkpoint, run.device)
+    dataset = run.photos.dataset
+    dataset.transform = build_transform(run.cfg.data.test_transform, run.cfg.data.image_size)
+    size = tuple(dataset[0]["image"].shape[-2:])
+    run.net.freeze_bn = True
+    at = final_resolution_cut(run.net.cpu(), size)  # type: ignore[arg-type]
+    run.net.to(run.device)
+    run.trunk, tail = cut(run.net, at)
+    for p in run.trunk.parameters():
+        p.requires_grad_(False)
+    run.states = TailStates(tail, TrunkCache(torch.empty(0), ()))
+    trainable = sum(p.numel() for p in tail.parameters() if p.requires_grad)
+    run.frozen_net, run.frozen_trunk, run.runtime = frozen_forwards(
+        run.net, run.trunk, inference_preprocessing(run.cfg), run.settings.runtime, run.device, run.clock.line)
     with torch.no_grad():
         run.sizing = size_for(run.device, run.trunk.eval()(dataset[0]["image"].unsqueeze(0).to(run.device)).numel())
         count = min(run.sizing.trunk_batch, len(dataset))
         began = time.monotonic()  # one batch, decoding included: the time every photo will take
         run.frozen_trunk(torch.stack([dataset[i]["image"] for i in range(count)]).to(run.device))
         run.pass_s = len(dataset) * (time.monotonic() - began) / count
+    return (f"{run.cfg.model.backbone} at {size[0]}x{size[1]} px: the last {len(tail.stages)} of "
+            f"{at + len(tail.stages)} stages and the head fine-tuned ({trainable / 1e6:.2f} M parameters); frozen "
+            f"passes on {run.runtime.describe()}")
 
 
 def frame_and_cache(run: FitState) -> None:

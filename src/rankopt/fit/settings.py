@@ -19,7 +19,9 @@ class FitSettings:
     """What ``rankopt fit`` takes besides the photos and the run folder."""
 
     minutes: float = 10.0
-    backbone: str = "mobilenet_v2"
+    backbone: str = "auto"
+    """``auto`` (:mod:`rankopt.fit.backbones`: the better search the budget holds), a release name, or
+    ``timm:NAME``."""
     weights: str | None = None
     seed: int = 0
     device: str = "auto"

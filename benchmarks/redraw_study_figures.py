@@ -5,7 +5,7 @@ approximation_error.png needs its run's steps.csv and comes from `rankopt study 
 
     python benchmarks/redraw_study_figures.py docs/benchmarks/studies
 """
-import math, re, sys
+import math, sys
 from pathlib import Path
 from rankopt.viz import plot_decomposability_gap, plot_operating_region, plot_sweep
 

@@ -41,6 +41,33 @@ def test_exact_search_equals_a_float64_brute_force(kind):
     assert result.scores.dtype == torch.float32 and result.note == ""
 
 
+def test_the_gallery_is_normalised_once_and_again_after_each_change():
+    """Cosine search normalises the gallery once (rankopt.search.backend.unit_vectors), with the bits of the search
+    that normalises at every call (chunked_topk over the raw vectors), filtered or not; a new embeddings tensor (an
+    addition) or one changed in place is normalised again."""
+    from rankopt.metrics.topk import chunked_topk
+    from rankopt.search.backend import unit_vectors
+
+    gen = torch.Generator().manual_seed(3)
+    gallery, queries = torch.randn(200, 16, generator=gen) * 5, torch.randn(9, 16, generator=gen)
+    index = Index.from_embeddings(gallery.clone(), fingerprint="f", metadata={"even": [str(i % 2 == 0)
+                                                                                      for i in range(200)]})
+    result = index.search(queries, k=5)
+    scores, rows = chunked_topk(queries, gallery, 5, similarity="cosine")
+    assert torch.equal(result.scores, scores) and torch.equal(result.rows, rows)
+    assert unit_vectors(index) is unit_vectors(index)  # made once
+    even = index.search(queries, k=5, filter={"even": "True"})
+    scores, rows = chunked_topk(queries, gallery[::2], 5, similarity="cosine")
+    assert torch.equal(even.scores, scores) and torch.equal(even.rows, rows * 2)
+    index.embeddings[:100].neg_()  # in place: the first half flipped
+    flipped = torch.cat([-gallery[:100], gallery[100:]])
+    assert torch.equal(index.search(queries, k=5).rows, chunked_topk(queries, flipped, 5, similarity="cosine")[1])
+    index.add(torch.randn(20, 16, generator=gen) * 5, metadata={"even": ["False"] * 20})  # a new tensor
+    assert unit_vectors(index).shape[0] == 220
+    assert torch.equal(index.search(queries, k=5).rows,
+                       chunked_topk(queries, index.embeddings, 5, similarity="cosine")[1])
+
+
 def test_k_larger_than_the_index_is_capped_and_said():
     index = Index.from_embeddings(torch.randn(6, 4), fingerprint="f")
     result = index.search(torch.randn(2, 4), k=50)

@@ -14,6 +14,8 @@ last whatever its pass costs.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from rankopt.fit.clock import clock_text
 
 AUTO = "auto"
@@ -41,3 +43,20 @@ def passed_over(backbone: str, pass_s: float, left_s: float) -> str:
     return (f"{backbone} passed over: one pass over the photos would take about {clock_text(pass_s)}, "
             f"{pass_s / max(left_s, 1e-9):.0%} of the {clock_text(left_s)} left (auto keeps a backbone up to "
             f"{PASS_SHARE:.0%})")
+
+
+def choose(backbone: str, weights: str | None, load: Callable[[str], tuple[float, str]],
+           left_s: Callable[[], float]) -> str:
+    """Each of :func:`candidates` loaded in turn by ``load(name)`` (which returns its one-pass seconds and the backbone
+    its checkpoint holds) until one is kept (:func:`holds`; the last whatever it costs); the words a stage line starts
+    with: ``"auto chose BACKBONE (why each before it was passed over): "``, or ``""`` for a single candidate."""
+    names = candidates(backbone, weights)
+    passed: list[str] = []
+    for name in names:
+        pass_s, loaded = load(name)
+        if name == names[-1] or holds(pass_s, left_s()):
+            break
+        passed.append(passed_over(name, pass_s, left_s()))
+    if len(names) == 1:
+        return ""
+    return f"auto chose {loaded}" + (f" ({'; '.join(passed)}): " if passed else ": ")

@@ -22,7 +22,7 @@ from rankopt.data.base import RetrievalDataset
 from rankopt.describe import machine_info
 from rankopt.engine.assembly import model_from_checkpoint
 from rankopt.engine.weights import resolve_checkpoint
-from rankopt.fit.backbones import candidates, holds, passed_over
+from rankopt.fit.backbones import choose
 from rankopt.files import write_text_atomic
 from rankopt.fit.clock import Clock, clock_text
 from rankopt.fit.output import save_model, steps_text
@@ -59,23 +59,23 @@ def fit_flat(dataset: RetrievalDataset, source: str, folder: Any, settings: FitS
              device: torch.device, skipped: list[str]) -> FitRecord:
     """The model, the index of every photo with :data:`FLAT_STEPS`, ``fit.json`` and the report, in ``folder``."""
     with clock.stage("model") as stage:
-        names, passed = candidates(settings.backbone, settings.weights), []
-        for backbone in names:  # --backbone auto: rankopt.fit.backbones
+        loaded: dict[str, Any] = {}
+
+        def load(backbone: str) -> tuple[float, str]:  # --backbone auto: rankopt.fit.backbones
             checkpoint = resolve_checkpoint(backbone, settings.weights, say=clock.line)
             net, cfg = model_from_checkpoint(checkpoint, device)
             cfg = dataclasses.replace(cfg, name="fit", description=f"rankopt fit of {checkpoint.name} (flat folder)")
             model_path = save_model(folder / layout.MODEL_CKPT, net, cfg, checkpoint)
             embedder = Embedder.from_checkpoint(model_path, device=str(device), batch_size=CPU_BATCH,
                                                 runtime=settings.runtime, progress=False)
-            pass_s = _pass_seconds(embedder, dataset)
-            if backbone == names[-1] or holds(pass_s, clock.left()):
-                break
-            passed.append(passed_over(backbone, pass_s, clock.left()))
-        chosen = f"auto chose {cfg.model.backbone}" + (f" ({'; '.join(passed)}): " if passed else ": ")
-        stage["done"] = ((chosen if len(names) > 1 else "") + f"{cfg.model.backbone} as released "
-                         f"({checkpoint.name}), at its own framing ({cfg.data.test_transform}); no fine-tuning: the "
-                         "folder has no classes")
-    _say_the_pass_cost(pass_s, len(dataset), clock)
+            loaded.update(checkpoint=checkpoint, cfg=cfg, embedder=embedder, pass_s=_pass_seconds(embedder, dataset))
+            return loaded["pass_s"], cfg.model.backbone
+
+        chosen = choose(settings.backbone, settings.weights, load, clock.left)
+        checkpoint, cfg, embedder = loaded["checkpoint"], loaded["cfg"], loaded["embedder"]
+        stage["done"] = (f"{chosen}{cfg.model.backbone} as released ({checkpoint.name}), at its own framing "
+                         f"({cfg.data.test_transform}); no fine-tuning: the folder has no classes")
+    _say_the_pass_cost(loaded["pass_s"], len(dataset), clock)
     with clock.stage("index") as stage:
         began = time.monotonic()
         index = Index.build(embedder, dataset, postprocessing=FLAT_STEPS, progress=False)

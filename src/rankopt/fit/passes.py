@@ -19,7 +19,7 @@ from rankopt.data.reader import READ_THREADS
 from rankopt.data.transforms import build_transform
 from rankopt.engine.assembly import inference_preprocessing, model_from_checkpoint
 from rankopt.engine.weights import resolve_checkpoint
-from rankopt.fit.backbones import candidates, holds, passed_over
+from rankopt.fit.backbones import choose
 from rankopt.fit.clock import clock_text
 from rankopt.fit.framing import FramingChoice, choose_framing
 from rankopt.fit.photos import save_split
@@ -48,15 +48,13 @@ def model_stage(run: FitState) -> None:
     transform, its cut into trunk and tail, the time of one pass over the photos; the split saved."""
     with run.clock.stage("model") as stage:
         save_split(run.photos, run.folder)
-        names = candidates(run.settings.backbone, run.settings.weights)
-        passed: list[str] = []
-        for backbone in names:
-            done = _load(run, backbone)
-            if backbone == names[-1] or holds(run.pass_s, run.clock.left()):
-                break
-            passed.append(passed_over(backbone, run.pass_s, run.clock.left()))
-        chosen = f"auto chose {run.cfg.model.backbone}" + (f" ({'; '.join(passed)}): " if passed else ": ")
-        stage["done"] = (chosen if len(names) > 1 else "") + done
+        loaded: list[str] = []
+
+        def load(backbone: str) -> tuple[float, str]:
+            loaded[:] = [_load(run, backbone)]
+            return run.pass_s, run.cfg.model.backbone
+
+        stage["done"] = choose(run.settings.backbone, run.settings.weights, load, run.clock.left) + loaded[0]
 
 
 def _load(run: FitState, backbone: str) -> str:

@@ -102,8 +102,9 @@ def exact_search(gallery: Gallery, queries: torch.Tensor, k: int, keep: np.ndarr
     return scores, rows if keep is None else torch.from_numpy(keep)[rows]
 
 
-_UNIT: weakref.WeakKeyDictionary[Gallery, tuple[torch.Tensor, int, torch.Tensor]] = weakref.WeakKeyDictionary()
-"""Per gallery: its embeddings tensor, that tensor's in-place version, and the tensor L2-normalised."""
+_UNIT: weakref.WeakKeyDictionary[Gallery, tuple[weakref.ref, int, torch.Tensor]] = weakref.WeakKeyDictionary()
+"""Per gallery: a weak reference to its embeddings tensor (a replaced tensor is not kept alive), that tensor's
+in-place version, and the tensor L2-normalised."""
 
 
 def unit_vectors(gallery: Gallery) -> torch.Tensor:
@@ -111,8 +112,8 @@ def unit_vectors(gallery: Gallery) -> torch.Tensor:
     embeddings are another tensor or were changed in place; held beside them (a gallery's size again in memory)."""
     x = gallery.embeddings
     held = _UNIT.get(gallery)
-    if held is not None and held[0] is x and held[1] == x._version:
+    if held is not None and held[0]() is x and held[1] == x._version:
         return held[2]
     unit = prepare(x.to(gallery.device), "cosine")
-    _UNIT[gallery] = (x, x._version, unit)
+    _UNIT[gallery] = (weakref.ref(x), x._version, unit)
     return unit

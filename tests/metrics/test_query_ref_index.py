@@ -273,6 +273,10 @@ def test_chunked_topk_matches_the_full_sort_in_any_chunking():
     assert not (indices == torch.arange(37).unsqueeze(1)).any()
     own = pairwise(query, query, "cosine").fill_diagonal_(float("-inf")).sort(dim=1, descending=True)
     assert torch.equal(indices, own.indices[:, :36])
+    # one chunk (a served query's path: topk straight from the scores) as many chunks, in float32 too
+    one, many = chunked_topk(query.float(), ref.float(), 7), chunked_topk(query.float(), ref.float(), 7, chunk_size=5)
+    assert one[0].dtype == torch.float32 and torch.equal(one[1], many[1]) and torch.allclose(one[0], many[0])
+    assert torch.equal(chunked_topk(query, None, 9)[1], indices[:, :9])  # self-retrieval in one chunk
     with pytest.raises(ValueError, match="k >= 1"):
         chunked_topk(query, ref, 0)
 

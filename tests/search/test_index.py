@@ -68,6 +68,23 @@ def test_the_gallery_is_normalised_once_and_again_after_each_change():
                        chunked_topk(queries, index.embeddings, 5, similarity="cosine")[1])
 
 
+def test_records_are_json_with_metadata_that_json_cannot_hold():
+    """Infinite and NaN metadata values are kept as None (JSON has neither), so a record is strict JSON (the service
+    answers it as it is); the records read each tensor once and give what indexing it would."""
+    import json
+
+    gen = torch.Generator().manual_seed(5)
+    index = Index.from_embeddings(torch.randn(5, 4, generator=gen), fingerprint="f", labels=torch.arange(5) % 2,
+                                  metadata={"m": [float("inf"), float("-inf"), float("nan"), 1.5, np.float32(2.0)]})
+    assert [index.item(i)["metadata"]["m"] for i in index.ids] == [None, None, None, 1.5, 2.0]
+    result = index.search(torch.randn(2, 4, generator=gen), k=5)
+    records = json.loads(json.dumps(result.records(), allow_nan=False))
+    for q, record in enumerate(records):
+        assert [r["score"] for r in record["results"]] == [float(s) for s in result.scores[q]]
+        assert [r["label"] for r in record["results"]] == [int(label) for label in result.labels[q, :, 0]]
+        assert [r["id"] for r in record["results"]] == [index.ids[j] for j in result.rows[q].tolist()]
+
+
 def test_k_larger_than_the_index_is_capped_and_said():
     index = Index.from_embeddings(torch.randn(6, 4), fingerprint="f")
     result = index.search(torch.randn(2, 4), k=50)

@@ -110,8 +110,15 @@ def test_a_batch_searches_its_queries_of_one_k_with_one_call(make_client, monkey
     expected = [upload(alone, data, k=k).json()["results"] for data, k in zip(images, ks)]
     monkeypatch.setattr(Service, "_search", staticmethod(counted))
     batched = make_client(max_wait_ms=2000, max_batch=8)
-    with ThreadPoolExecutor(len(images)) as pool:
-        answers = list(pool.map(lambda pair: upload(batched, pair[0], k=pair[1]), zip(images, ks)))
+    # an image said to be on its way for the whole exchange: the collector, given the first upload, waits its 2 s
+    # for the others (however the six requests are scheduled) instead of embedding it alone
+    on_its_way = batched.app.state.service.batcher.expecting()
+    batched.portal.call(on_its_way.__enter__)  # on the service's event loop, as a request does
+    try:
+        with ThreadPoolExecutor(len(images)) as pool:
+            answers = list(pool.map(lambda pair: upload(batched, pair[0], k=pair[1]), zip(images, ks)))
+    finally:
+        batched.portal.call(on_its_way.__exit__, None, None, None)
     for answer, results, k in zip(answers, expected, ks):
         assert answer.status_code == 200 and len(answer.json()["results"]) == k
         assert_same_results(answer.json()["results"], results)

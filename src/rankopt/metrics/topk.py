@@ -132,9 +132,12 @@ def chunked_topk(
     if k < 1:
         raise ValueError(f"top-k search needs k >= 1 and a non-empty gallery (k={k}, gallery of {num_refs})")
     dtype = torch.float64 if query.dtype == torch.float64 else torch.float32
+    size = chunk_size or default_chunk_size(num_refs)
+    if query.shape[0] <= size and query.dtype == dtype and (ref is None or ref.dtype == dtype):
+        scores = chunk_scorer(query, ref, similarity=similarity, exclude=exclude)(0, query.shape[0])
+        return scores.topk(k, dim=1)  # one chunk: no copy into preallocated rows
     values = torch.empty((query.shape[0], k), dtype=dtype, device=query.device)
     indices = torch.empty((query.shape[0], k), dtype=torch.long, device=query.device)
-    size = chunk_size or default_chunk_size(num_refs)
     for start, scores in score_chunks(query, ref, similarity=similarity, chunk_size=size, progress=progress,
                                       exclude=exclude):
         top, pos = scores.topk(k, dim=1)

@@ -320,9 +320,9 @@ class Index:
 
     def _result(self, scores: torch.Tensor, rows: torch.Tensor, query_paths: list[str] | None,
                 query_labels: torch.Tensor | None, note: str) -> SearchResult:
-        found = rows.clamp(min=0)
-        labels = self.labels[found].masked_fill((rows < 0).unsqueeze(-1), -1)
         table = rows.tolist()
+        labels = (self.labels[rows.clamp(min=0)].masked_fill((rows < 0).unsqueeze(-1), -1)
+                  if any(j < 0 for row in table for j in row) else self.labels[rows])
         ids = [[self.ids[j] if j >= 0 else None for j in row] for row in table]
         paths = [[self.paths[j] if self.paths is not None and j >= 0 else None for j in row] for row in table]
         metadata = None

@@ -56,13 +56,14 @@ def check_name(name: object, where: str) -> str:
 
 
 def json_value(value: object, column: str) -> Value:
-    """``value`` as a JSON scalar: numpy scalars unwrapped, NaN as ``None``; other types refused."""
+    """``value`` as a JSON scalar: numpy scalars unwrapped, NaN and infinities as ``None`` (JSON has neither);
+    other types refused."""
     if isinstance(value, np.generic):
         value = value.item()
     if value is None or isinstance(value, (str, bool, int)):
         return value
     if isinstance(value, float):
-        return None if math.isnan(value) else value
+        return value if math.isfinite(value) else None
     raise TypeError(f"metadata column {column!r}: value {value!r} of type {type(value).__name__} is not a string, "
                     "number or boolean")
 

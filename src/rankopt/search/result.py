@@ -57,22 +57,25 @@ class SearchResult:
         """One JSON-able dict per query: ``{"query": path or row, "query_label": ... (when known),
         "results": [{"rank", "id", "path", "score", "label"[, "metadata"][, "match"]}, ...]}`` (labels at
         the finest level; ``"match": score >= threshold`` when the index has a threshold)."""
-        matches = self.matches
+        # each tensor read as Python lists once: indexing it per result costs several torch calls each
+        matches = None if self.matches is None else self.matches.tolist()
+        rows, scores, labels = self.rows.tolist(), self.scores.tolist(), self.labels[..., 0].tolist()
+        query_labels = None if self.query_labels is None else self.query_labels[:, 0].tolist()
         out = []
         for q in range(len(self)):
             record: dict[str, Any] = {"query": self.query_paths[q] if self.query_paths is not None else q}
-            if self.query_labels is not None and int(self.query_labels[q, 0]) >= 0:
-                record["query_label"] = self.label_text(int(self.query_labels[q, 0]))
+            if query_labels is not None and query_labels[q] >= 0:
+                record["query_label"] = self.label_text(query_labels[q])
             results = []
-            for i, row in enumerate(self.rows[q].tolist()):
+            for i, row in enumerate(rows[q]):
                 if row < 0:
                     continue
-                result = {"rank": i + 1, "id": self.ids[q][i], "path": self.paths[q][i],
-                          "score": float(self.scores[q, i]), "label": self.label_text(int(self.labels[q, i, 0]))}
+                result = {"rank": i + 1, "id": self.ids[q][i], "path": self.paths[q][i], "score": scores[q][i],
+                          "label": self.label_text(labels[q][i])}
                 if self.metadata is not None:
                     result["metadata"] = self.metadata[q][i]
                 if matches is not None:
-                    result["match"] = bool(matches[q, i])
+                    result["match"] = matches[q][i]
                 results.append(result)
             record["results"] = results
             out.append(record)

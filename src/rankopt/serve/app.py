@@ -33,7 +33,7 @@ import contextlib
 import hmac
 import itertools
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
@@ -50,6 +50,7 @@ from rankopt.serve.batcher import FollowUp, MicroBatcher
 from rankopt.serve.holder import IndexHolder, Snapshot
 from rankopt.serve.guard import Guard, error_response
 from rankopt.serve.images import OpenedUpload, open_upload
+from rankopt.serve.limits import Limits
 from rankopt.serve.errors import ApiError
 from rankopt.serve.requests import (
     check_embed_json,
@@ -134,29 +135,47 @@ class Service:
     async def search(self, request: Request) -> dict[str, Any]:
         """The record of the request's query, searched in the snapshot served when it arrived. Every check
         (body, JSON, ``k``, filter, vector, item id) is done on a worker thread before the query reaches the
-        torch thread; JSON is parsed there too, never on the event loop."""
+        torch thread; JSON is parsed there too, never on the event loop. An upload is checked, opened and (unless
+        heavy) decoded and transformed in one trip to a worker thread: each trip costs a thread's wake-up."""
         snapshot = self.holder.current
-        query = await self._read_query(request, snapshot)
+        media_type = self._media_type(request)
+        k_param = request.query_params.get("k")
+        if media_type == "multipart/form-data":
+            files, fields = await self._read_form(request, FORM_FIELDS, ("k", "filter"), max_files=1)
+            (name, data), = files
+            return await self._searched(snapshot, self._form_query, snapshot, data, name, fields, k_param)
+        if media_type != "application/json":
+            raise self._unsupported(request, "/search", "an image upload")
+        query = await self.run(self._checked_json, snapshot, await request.body(), k_param)
         if query.kind == "image":
-            with self.batcher.expecting():
-                start = time.perf_counter()
-                upload = await self.run(open_upload, query.value, self.limits, snapshot.decode_min_side,
-                                        repr(query.name))
-                image, transformed = await self._decoded(snapshot, upload, start)
-            searched = FollowUp(("search", id(snapshot), query.k, repr(query.filter)),  # with the batch's like queries
-                                lambda embeddings: self._search(snapshot, embeddings, query))
-            record = await self.batcher.embed(snapshot, image, transformed=transformed, then=searched)
-        else:
-            record = (await self.batcher.call(self._search, snapshot, query.value, query))[0]
+            return await self._searched(snapshot, self._image_query, snapshot, query)
+        record = (await self.batcher.call(self._search, snapshot, query.value, query))[0]
         record["query"] = query.name
         return record
 
-    async def _decoded(self, snapshot: Snapshot, upload: OpenedUpload, start: float) -> tuple[Any, bool]:
-        """``upload`` decoded on a worker thread, a heavy one in :attr:`heavy_lane`, and transformed there when that
-        needs no torch (:meth:`Snapshot.transform_here`): ``(model input, True)``, else ``(image, False)``. The
-        time since ``start`` is the query's decode stage."""
-        async with self.heavy_lane if upload.heavy else contextlib.nullcontext():  # waits holding no thread
-            image, decoded, transformed = await self.run(_decode_and_transform, snapshot, upload)
+    async def _searched(self, snapshot: Snapshot, prepare: Callable[..., tuple[Query, Ready]],
+                        *args: Any) -> dict[str, Any]:
+        """The record of an image query, ``prepare(*args)`` -> ``(query, its image Ready)`` on a worker thread:
+        the image decoded, embedded with its batch, then searched right after the batch's forward."""
+        with self.batcher.expecting():
+            start = time.perf_counter()
+            query, ready = await self.run(prepare, *args)
+            image, transformed = await self._decoded(snapshot, ready, start)
+        searched = FollowUp(("search", id(snapshot), query.k, repr(query.filter)),  # with the batch's like queries
+                            lambda embeddings: self._search(snapshot, embeddings, query))
+        record = await self.batcher.embed(snapshot, image, transformed=transformed, then=searched)
+        record["query"] = query.name
+        return record
+
+    async def _decoded(self, snapshot: Snapshot, ready: Ready, start: float) -> tuple[Any, bool]:
+        """The upload decoded and transformed where that needs no torch (:meth:`Snapshot.transform_here`), on a
+        worker thread (``ready.decoded``, else now: a heavy one in :attr:`heavy_lane`): ``(model input, True)``,
+        else ``(image, False)``. The time since ``start`` is the query's decode stage."""
+        done = ready.decoded
+        if done is None:
+            async with self.heavy_lane if ready.upload.heavy else contextlib.nullcontext():  # waits holding no thread
+                done = await self.run(_decode_and_transform, snapshot, ready.upload)
+        image, decoded, transformed = done
         self.metrics.observe_stage("decode", decoded - start)
         if transformed is None:
             return image, False
@@ -203,19 +222,6 @@ class Service:
         finally:
             await form.close()
 
-    async def _read_query(self, request: Request, snapshot: Snapshot) -> Query:
-        """The request's checked query: a multipart upload or a JSON query (``k`` from the body or the query
-        string, not both)."""
-        media_type = self._media_type(request)
-        k_param = request.query_params.get("k")
-        if media_type == "multipart/form-data":
-            files, fields = await self._read_form(request, FORM_FIELDS, ("k", "filter"), max_files=1)
-            (name, data), = files
-            return await self.run(self._checked_form, snapshot, data, name, fields, k_param)
-        if media_type == "application/json":
-            return await self.run(self._checked_json, snapshot, await request.body(), k_param)
-        raise self._unsupported(request, "/search", "an image upload")
-
     def _checked_form(self, snapshot: Snapshot, data: bytes, name: str, fields: dict[str, str],
                       k_param: str | None) -> Query:
         given_filter: Any = fields.get("filter")
@@ -223,6 +229,15 @@ class Service:
             given_filter = parse_json(given_filter.encode(), self.limits, "the filter field")
         return Query("image", data, name, self._k(fields.get("k", _ABSENT), k_param),
                      check_filter(given_filter, snapshot.index, self.limits))
+
+    def _form_query(self, snapshot: Snapshot, data: bytes, name: str, fields: dict[str, str],
+                    k_param: str | None) -> tuple[Query, Ready]:
+        """An upload's checked query and its image, opened and (unless heavy) decoded (:func:`_ready`)."""
+        return self._image_query(snapshot, self._checked_form(snapshot, data, name, fields, k_param))
+
+    def _image_query(self, snapshot: Snapshot, query: Query) -> tuple[Query, Ready]:
+        """An image query and its image, opened and (unless heavy) decoded (:func:`_ready`)."""
+        return query, _ready(snapshot, query.value, self.limits, repr(query.name))
 
     def _checked_json(self, snapshot: Snapshot, data: bytes, k_param: str | None) -> Query:
         body = parse_json(data, self.limits, "the JSON body", max_bytes=self.limits.max_upload_bytes)
@@ -286,7 +301,7 @@ class Service:
 
     async def _embedded(self, snapshot: Snapshot, upload: OpenedUpload, start: float) -> list[float]:
         with self.batcher.expecting():
-            image, transformed = await self._decoded(snapshot, upload, start)
+            image, transformed = await self._decoded(snapshot, Ready(upload, None), start)
         return await self.batcher.embed(snapshot, image, transformed=transformed, then=AS_LISTS)
 
     def _checked_embed_json(self, data: bytes) -> list[tuple[str, bytes]]:
@@ -362,7 +377,7 @@ def create_app(holder: IndexHolder, settings: Settings | None = None) -> FastAPI
         scheme, _, given = request.headers.get("authorization", "").partition(" ")
         return scheme.lower() == "bearer" and hmac.compare_digest(given.strip().encode(), expected)
 
-    def authorize(request: Request) -> None:
+    async def authorize(request: Request) -> None:  # async: FastAPI would run a plain function on another thread
         if not authorized(request):
             raise ApiError(401, "a valid bearer token is required (Authorization: Bearer TOKEN)")
 
@@ -410,13 +425,14 @@ def create_app(holder: IndexHolder, settings: Settings | None = None) -> FastAPI
         return Response(await service.thumbnail(item_id), media_type="image/jpeg",
                         headers={"Cache-Control": "private, max-age=300"})
 
+    # answered as they are: already JSON-able, they need no validation or conversion by FastAPI
     @app.post("/search", dependencies=guarded, **routes["/search"])
-    async def search(request: Request) -> dict[str, Any]:
-        return await service.search(request)
+    async def search(request: Request) -> JSONResponse:
+        return JSONResponse(await service.search(request))
 
     @app.post("/embed", dependencies=guarded, **routes["/embed"])
-    async def embed(request: Request) -> dict[str, Any]:
-        return await service.embed(request)
+    async def embed(request: Request) -> JSONResponse:
+        return JSONResponse(await service.embed(request))
 
     app.mount("/static", StaticFiles(packages=[("rankopt.serve", STATIC)]), name="static")
     if settings.cors_origins:
@@ -431,6 +447,22 @@ def create_app(holder: IndexHolder, settings: Settings | None = None) -> FastAPI
 
 AS_LISTS = FollowUp("as lists", torch.Tensor.tolist)
 """``(n, D)`` embeddings as JSON numbers, on the torch thread right after their forward."""
+
+
+@dataclass(frozen=True)
+class Ready:
+    """An upload opened (header checked) and, when ``decoded`` is not None, decoded with it
+    (:func:`_decode_and_transform`'s answer)."""
+
+    upload: OpenedUpload
+    decoded: tuple[Any, float, torch.Tensor | None] | None
+
+
+def _ready(snapshot: Snapshot, data: bytes, limits: Limits, name: str) -> Ready:
+    """``data`` opened (:func:`~rankopt.serve.images.open_upload`) and, unless heavy (its decode waits for the heavy
+    lane), decoded and transformed at once."""
+    upload = open_upload(data, limits, snapshot.decode_min_side, name)
+    return Ready(upload, None if upload.heavy else _decode_and_transform(snapshot, upload))
 
 
 def _decode_and_transform(snapshot: Snapshot, upload: OpenedUpload) -> tuple[Any, float, torch.Tensor | None]:

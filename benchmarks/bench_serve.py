@@ -308,13 +308,20 @@ def start_server(index_dir: Path, log: Path, config: Config) -> tuple[subprocess
     env = {**os.environ, "OMP_WAIT_POLICY": "PASSIVE"} if config.passive else None
     process = subprocess.Popen(command, stdout=open(log, "wb"), stderr=subprocess.STDOUT, env=env)  # noqa: SIM115
     url = f"http://127.0.0.1:{port}"
+    wait_healthy(process, url, log)
+    return process, url
+
+
+def wait_healthy(process: subprocess.Popen, url: str, log: Path) -> None:
+    """Returns once the server ``process`` answers ``url``/health with 200; ``RuntimeError`` (with its ``log``)
+    when it exits first, or after 600 s."""
     deadline = time.monotonic() + 600
     while time.monotonic() < deadline:
         if process.poll() is not None:
             raise RuntimeError(f"rankopt serve exited with {process.returncode}: {log.read_text()}")
         try:
             if httpx.get(f"{url}/health", timeout=5).status_code == 200:
-                return process, url
+                return
         except httpx.TransportError:
             pass
         time.sleep(0.5)

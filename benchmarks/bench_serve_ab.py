@@ -29,7 +29,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from bench_serve import caltech_split, free_port, multipart_request, read_response
+from bench_serve import caltech_split, free_port, multipart_request, read_response, wait_healthy
 from rankopt.engine.convert import convert_released_weights, write_converted
 from rankopt.search import Embedder, Index
 
@@ -38,24 +38,12 @@ REPO = Path(__file__).resolve().parent.parent
 
 def serving(index_dir: Path, source: Path, log: Path) -> tuple[subprocess.Popen, int]:
     """``rankopt serve index_dir`` with ``PYTHONPATH=source``, answering on a free port (waits for its health)."""
-    import httpx
-
     port = free_port()
     process = subprocess.Popen([sys.executable, "-m", "rankopt", "serve", str(index_dir), "--port", str(port)],
                                env={**os.environ, "PYTHONPATH": str(source)}, stdout=open(log, "wb"),  # noqa: SIM115
                                stderr=subprocess.STDOUT)
-    deadline = time.monotonic() + 600
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise RuntimeError(f"rankopt serve ({source}) exited with {process.returncode}: {log.read_text()}")
-        try:
-            if httpx.get(f"http://127.0.0.1:{port}/health", timeout=5).status_code == 200:
-                return process, port
-        except httpx.TransportError:
-            pass
-        time.sleep(0.3)
-    process.terminate()
-    raise RuntimeError(f"rankopt serve ({source}) did not answer within 600 s")
+    wait_healthy(process, f"http://127.0.0.1:{port}", log)
+    return process, port
 
 
 async def alternate(ports: list[int], uploads: list[tuple[str, bytes]], rounds: int, warm_up: int) -> list[list[float]]:

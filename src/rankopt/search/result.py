@@ -58,7 +58,8 @@ class SearchResult:
         "results": [{"rank", "id", "path", "score", "label"[, "metadata"][, "match"]}, ...]}`` (labels at
         the finest level; ``"match": score >= threshold`` when the index has a threshold)."""
         # each tensor read as Python lists once: indexing it per result costs several torch calls each
-        matches = None if self.matches is None else self.matches.tolist()
+        matches = self.matches
+        matches = None if matches is None else matches.tolist()
         rows, scores, labels = self.rows.tolist(), self.scores.tolist(), self.labels[..., 0].tolist()
         query_labels = None if self.query_labels is None else self.query_labels[:, 0].tolist()
         out = []

@@ -135,8 +135,9 @@ class Service:
     async def search(self, request: Request) -> dict[str, Any]:
         """The record of the request's query, searched in the snapshot served when it arrived. Every check
         (body, JSON, ``k``, filter, vector, item id) is done on a worker thread before the query reaches the
-        torch thread; JSON is parsed there too, never on the event loop. An upload is checked, opened and (unless
-        heavy) decoded and transformed in one trip to a worker thread: each trip costs a thread's wake-up."""
+        torch thread; JSON is parsed there too, never on the event loop. A multipart upload is checked, opened and
+        (unless heavy) decoded and transformed in one trip to a worker thread (each trip costs a thread's wake-up); a
+        JSON image takes two, its kind known only once the body is parsed."""
         snapshot = self.holder.current
         media_type = self._media_type(request)
         k_param = request.query_params.get("k")

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import gc
 import os
 import sys
 from collections.abc import Callable
@@ -60,6 +61,24 @@ def keep_allocations(threshold: int = KEEP_BYTES) -> bool:
     value = min(int(threshold), 2**31 - 1)
     return all(bool(mallopt(option, setting)) for option, setting in
                ((M_MMAP_THRESHOLD, value), (M_TRIM_THRESHOLD, value), (M_ARENA_MAX, 1)))
+
+
+def pause_collection() -> None:
+    """Turn Python's cyclic garbage collector off while a command starts: its imports (torch alone, about a
+    million objects) are never garbage, yet each full collection walks them all (five during ``rankopt index``'s
+    start, 0.44 s, and one more after its pass, 0.21 s: benchmarks/results/runtimes.md). :func:`settle_heap`
+    turns it back on."""
+    gc.disable()
+
+
+def settle_heap() -> None:
+    """Where a long pass starts (an embedding pass, training, the service): if :func:`pause_collection` turned the
+    collector off, every object alive now is put out of its reach (``gc.freeze``: they live as long as the
+    process) and collection turns back on, so later collections walk only the pass's own objects. A no-op when
+    the collector is on (a library caller, the tests)."""
+    if not gc.isenabled():
+        gc.freeze()
+        gc.enable()
 
 
 def activation_bytes(model: torch.nn.Module, sample: torch.Tensor) -> tuple[int, int]:

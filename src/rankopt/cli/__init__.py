@@ -56,10 +56,14 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def console_main() -> int:
-    """The ``rankopt`` command (console script, ``python -m rankopt``): :func:`main`, then every live object is put
-    out of the collector's reach (``gc.freeze``) before the interpreter exits, whose last collection would walk them
-    all before the system frees the memory anyway (1.0 s to 0.3 s after indexing 2,000 photos:
+    """The ``rankopt`` command (console script, ``python -m rankopt``): :func:`main` with the garbage collector
+    off until the command's long pass starts (:func:`rankopt.runtime.pause_collection`), then every live object is
+    put out of the collector's reach (``gc.freeze``) before the interpreter exits, whose last collection would walk
+    them all before the system frees the memory anyway (1.0 s to 0.3 s after indexing 2,000 photos:
     ``benchmarks/results/runtimes.md``). Not in :func:`main`, which a test or a program may call many times."""
+    from rankopt.runtime import pause_collection
+
+    pause_collection()
     code = main()
     gc.freeze()
     return code

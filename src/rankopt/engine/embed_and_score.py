@@ -57,7 +57,7 @@ from rankopt.metrics import EvaluationResult, check_metrics, evaluate
 from rankopt.metrics.landmarks import revisited_map
 from rankopt.metrics.verification import all_pairs_tar_at_far, group_mean, parse_far_keys, verification_metrics
 from rankopt.postprocess import PostProcessing
-from rankopt.runtime import forward_chunk
+from rankopt.runtime import forward_chunk, settle_heap
 from rankopt.similarity import pairwise
 
 SEQUENCE, CATEGORY = "sequence", "category"  # per-item metadata keys: exclusion groups, query categories
@@ -113,6 +113,7 @@ def embed_dataset(model: torch.nn.Module, dataset: Dataset, *, batch_size: int =
     out and ``unreadable[position] = why`` recorded; the split holds the other items' rows, the dataset's metadata
     as it is (:func:`rankopt.data.readable.without_unreadable` makes the dataset of those items).
     """
+    settle_heap()
     device = torch.device(device)
     rank, world = _distributed()
     if unreadable is not None and (world > 1 or out is not None):

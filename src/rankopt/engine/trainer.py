@@ -59,7 +59,7 @@ from rankopt.engine.warm_start import init_loss_class_means, init_projection_pca
 from rankopt.layout import BEST_CKPT, CHECKPOINTS_DIR, CONFIG_YAML, LAST_CKPT, STEPS_CSV
 from rankopt.losses import terms
 from rankopt.rank.differences import difference_summary, score_differences
-from rankopt.runtime import resolve_auto
+from rankopt.runtime import resolve_auto, settle_heap
 
 _MAX_PATHS_SHOWN = 8
 
@@ -415,6 +415,7 @@ class Trainer:
 
     def fit(self) -> dict[str, Any]:
         """Train to ``train.epochs``; returns the final report (also written to ``report.json``)."""
+        settle_heap()
         cfg = self.cfg
         start = time.perf_counter()
         if self.is_main:

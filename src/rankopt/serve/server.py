@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
+from rankopt.runtime import settle_heap
 from rankopt.serve.app import create_app
 from rankopt.serve.batcher import default_threads
 from rankopt.serve.holder import IndexHolder
@@ -88,6 +89,7 @@ def serve(index_dir: str | os.PathLike[str], settings: Settings | None = None, *
           f"queries embedded by {holder.current.embedder.active_runtime.describe()}\n"
           f"open http://{shown}:{settings.port}/",
           flush=True)
+    settle_heap()
     uvicorn.run(create_app(holder, settings), host=host, port=settings.port, log_level=log_level, access_log=False,
                 http=timed_protocol(settings.request_timeout_s), timeout_keep_alive=KEEP_ALIVE_S,
                 limit_concurrency=settings.max_connections)

@@ -74,3 +74,11 @@ def test_a_folder_too_big_for_the_budget_is_said_before_the_passes(pass_s, frami
         held, tuned = map(int, re.search(r"--minutes (\d+) would hold the pass, --minutes (\d+) would fine-tune",
                                          line).groups())
         assert held in (18, 19) and tuned in (31, 32)
+
+
+def test_the_minutes_that_leave_the_fine_tuning_a_share_hold_the_work_spent_and_to_come(monkeypatch):
+    """``Clock.minutes_leaving``: 472 s spent and 100 s to come with half the budget free: 1,144 s, 20 minutes."""
+    clock = Clock(600.0, lambda _: None)
+    monkeypatch.setattr(clock, "elapsed", lambda: 472.0)
+    assert clock.minutes_leaving(0.5, 100.0) == 20
+    assert clock.minutes_leaving(0.0, 128.0) == 10  # nothing left free: exactly the 600 s

@@ -48,6 +48,11 @@ class Clock:
         """The ``--minutes`` that would hold ``seconds`` more work after what has been spent."""
         return math.ceil((self.elapsed() + seconds) / 60)
 
+    def minutes_leaving(self, share: float, work_s: float) -> int:
+        """The ``--minutes`` whose budget holds what has been spent and ``work_s`` more seconds of work, and leaves
+        ``share`` of it free."""
+        return math.ceil((self.elapsed() + work_s) / (1 - share) / 60)
+
     def plan(self, stage: str, seconds: float) -> None:
         """Expect ``stage`` to take ``seconds`` (shown in the remaining-work estimate until it is done)."""
         self.planned[stage] = max(0.0, float(seconds))

@@ -270,8 +270,12 @@ def _tune(run: FitState) -> None:
                                   for p, b in run.tuned.best.items())
         stage["done"] += f"; {sum(t.steps for t in run.tuned.trials)} steps ({seconds:.0f} s were available)"
         if seconds < NO_TIME_S:
-            stage["done"] += (f"; no time was left to fine-tune: the stages before took {clock_text(clock.elapsed())} "
-                              f"of the {clock_text(clock.budget_s)} budget (a larger --minutes gives it time)")
+            after = sum(v for k, v in clock.planned.items() if k != "tune")
+            run.no_time_to_tune = (f"the stages before took {clock_text(clock.elapsed())} of the "
+                                   f"{clock_text(clock.budget_s)} budget and the ones after need about "
+                                   f"{clock_text(after)}: --minutes {clock.minutes_leaving(0.5, after)} would give "
+                                   "the fine-tuning about half of it")
+            stage["done"] += f"; no time was left to fine-tune: {run.no_time_to_tune}"
 
 
 def _tuned_name(protocol: str, primary: str) -> str:
@@ -419,7 +423,7 @@ def _why(run: FitState, trial: MultiScaleTrial) -> list[str]:
                f"{', '.join(t.candidate.describe() for t in run.tuned.trials)} and the pretrained state: "
                + "; ".join(f"on {p} queries {b.source}" for p, b in run.tuned.best.items()))
     if sum(t.steps for t in run.tuned.trials) == 0:
-        why.append("no fine-tuning step was taken: the budget was spent before it (a larger --minutes gives it time)")
+        why.append("no fine-tuning step was taken: " + (run.no_time_to_tune or "the budget was spent before it"))
     elif not run.tuned_states:
         why.append("no fine-tuned state beat the pretrained features on validation: the features are served")
     classes = np.unique(run.split.labels[np.union1d(run.split.known_queries, run.split.new_queries)]).size

@@ -50,6 +50,8 @@ class FitState:
     pipelines: list[Pipeline] = field(default_factory=list)
     choices: dict[tuple[str, str], PostChoice] = field(default_factory=dict)
     tuned: TuneResult | None = None
+    no_time_to_tune: str = ""
+    """Why the fine-tuning had no time, with the ``--minutes`` that would give it some (empty when it had)."""
     tuned_states: dict[str, BestState] = field(default_factory=dict)
     served: Pipeline | None = None
     why: list[str] = field(default_factory=list)

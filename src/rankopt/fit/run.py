@@ -272,9 +272,9 @@ def _tune(run: FitState) -> None:
         if seconds < NO_TIME_S:
             after = sum(v for k, v in clock.planned.items() if k != "tune")
             run.no_time_to_tune = (f"the stages before took {clock_text(clock.elapsed())} of the "
-                                   f"{clock_text(clock.budget_s)} budget and the ones after need about "
-                                   f"{clock_text(after)}: --minutes {clock.minutes_leaving(0.5, after)} would give "
-                                   "the fine-tuning about half of it")
+                                   f"{clock_text(clock.budget_s)} budget, and scoring and indexing a fine-tuned state "
+                                   f"would take about {clock_text(after)} more: --minutes "
+                                   f"{clock.minutes_leaving(0.5, after)} would give the fine-tuning about half of it")
             stage["done"] += f"; no time was left to fine-tune: {run.no_time_to_tune}"
 
 

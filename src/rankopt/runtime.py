@@ -67,16 +67,18 @@ def pause_collection() -> None:
     """Turn Python's cyclic garbage collector off while a command starts: its imports (torch, onnxruntime and
     rankopt: 200,000 tracked objects) are never garbage, yet each full collection walks them all (five during
     ``rankopt index``'s start, 0.44 s, and one more after its pass, 0.21 s, timed with ``gc.callbacks``:
-    docs/performance.md). :func:`settle_heap` turns it back on."""
+    docs/performance.md). :func:`settle_heap` collects once and turns it back on."""
     gc.disable()
 
 
 def settle_heap() -> None:
     """Where a long pass starts (an embedding pass, training, the service): if :func:`pause_collection` turned the
-    collector off, every object alive now is put out of its reach (``gc.freeze``: they live as long as the
-    process) and collection turns back on, so later collections walk only the pass's own objects. A no-op when
-    the collector is on (a library caller, the tests)."""
+    collector off, the garbage the start left in cycles is collected once (an ONNX export's graphs, decoding's
+    exceptions: never kept for good), every object alive then is put out of the collector's reach (``gc.freeze``:
+    they live as long as the process) and collection turns back on, so later collections walk only the pass's own
+    objects. A no-op when the collector is on (a library caller, the tests)."""
     if not gc.isenabled():
+        gc.collect()
         gc.freeze()
         gc.enable()
 

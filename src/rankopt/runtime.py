@@ -66,8 +66,8 @@ def keep_allocations(threshold: int = KEEP_BYTES) -> bool:
 def pause_collection() -> None:
     """Turn Python's cyclic garbage collector off while a command starts: its imports (torch, onnxruntime and
     rankopt: 200,000 tracked objects) are never garbage, yet each full collection walks them all (five during
-    ``rankopt index``'s start, 0.44 s, and one more after its pass, 0.21 s, timed with ``gc.callbacks``:
-    docs/performance.md). :func:`settle_heap` collects once and turns it back on."""
+    ``rankopt index``'s start, 0.44 s, and one more after its pass, 0.21 s; with it off, 0.30 s in all, timed with
+    ``gc.callbacks``: docs/performance.md). :func:`settle_heap` collects once and turns it back on."""
     gc.disable()
 
 

@@ -252,8 +252,8 @@ def _tune(run: FitState) -> None:
 
     candidates = [Candidate(loss, lr) for loss in run.settings.losses for lr in run.settings.lrs]
     with clock.stage("tune") as stage:
-        seconds = max(0.0, clock.left() - sum(v for k, v in clock.planned.items() if k != "tune")
-                      - TUNE_SPARE * clock.budget_s)
+        after = sum(v for k, v in clock.planned.items() if k != "tune")  # the stages after it, as planned
+        seconds = max(0.0, clock.left() - after - TUNE_SPARE * clock.budget_s)
         clock.plan("tune", seconds)
         refit_ratio = len(run.all_rows) / max(1, split.train.size) if run.settings.refit else 0.0
         features = next(p for p in run.pipelines if p.model == FEATURES and p.steps_for is None)  # scored
@@ -270,7 +270,6 @@ def _tune(run: FitState) -> None:
                                   for p, b in run.tuned.best.items())
         stage["done"] += f"; {sum(t.steps for t in run.tuned.trials)} steps ({seconds:.0f} s were available)"
         if seconds < NO_TIME_S:
-            after = sum(v for k, v in clock.planned.items() if k != "tune")
             run.no_time_to_tune = (f"the stages before took {clock_text(clock.elapsed())} of the "
                                    f"{clock_text(clock.budget_s)} budget, and scoring and indexing a fine-tuned state "
                                    f"would take about {clock_text(after)} more: --minutes "

@@ -222,18 +222,19 @@ class _Tuning:
             self.step_times.append(time.monotonic() - began)
             self.clock.heartbeat(lambda: f"  tuning {trial.candidate.describe()}: step {trial.steps}, "
                                          f"loss {value:.4f}, {1 / np.median(self.step_times[-20:]):.1f} steps/s")
-            if time.monotonic() >= next_check or time.monotonic() >= until - keep() or \
-                    trial.steps == self.total_steps:
-                before = trial.best(self.primary)
-                self.score(trial)
-                stale = 0 if trial.best(self.primary) > before else stale + 1
+            if time.monotonic() >= next_check:
+                stale = 0 if self.score(trial) else stale + 1
                 next_check = time.monotonic() + check_every
+        if trial.steps and (not trial.history or trial.history[-1][0] != trial.steps):
+            stale = 0 if self.score(trial) else stale + 1  # the last steps' state, whatever ended the loop
         trial.state = trainable_state(tail)
         trial.optimizer_state = optimizer.state_dict()
         trial.stopped = stale >= PATIENCE
 
-    def score(self, trial: Trial) -> None:
-        """Validate the tail's state; it becomes the best state of every protocol it beats."""
+    def score(self, trial: Trial) -> bool:
+        """Validate the tail's state; it becomes the best state of every protocol it beats. True when it is the
+        trial's new best on the primary protocol."""
+        before = trial.best(self.primary)
         scores = self.validate()
         self.tail.train()
         trial.history.append((trial.steps, scores))
@@ -243,6 +244,7 @@ class _Tuning:
                 state = state or trainable_state(self.tail)
                 self.best[protocol] = BestState(state, metrics, f"{trial.candidate.describe()}, step {trial.steps}",
                                                 trial.candidate, trial.steps)
+        return trial.best(self.primary) > before
 
     def reserve(self, leader: Trial, per_step: float) -> float:
         """Seconds for retraining the best state; while the leader's last score is the best one, its current state

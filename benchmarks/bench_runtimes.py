@@ -11,7 +11,9 @@ In one run, on one machine, each measurement alone on it:
 (2) ``rankopt index WEIGHTS --images DIR --out OUT`` on ``--photos`` Caltech-101 photos (the first of each class in
     turn), read warm (the files read once before), as a person runs it: with its defaults, then with
     ``--runtime torch``, three runs each (one with ``--quick``): the fastest run's photos/s and its CPU time in the
-    kernel against the process's (GNU ``time``), and the median run's wall time;
+    kernel against the process's (GNU ``time``), and the median run's wall time; each run with its defaults is also
+    paired with onnxruntime's forward alone over as many images timed just before it (the machine's speed drifts
+    within minutes: the pairs' median ratio is the steadier figure);
 (3) the embedder from Python, onnxruntime, with and without the threads that read the next photos during the forward
     (``Embedder(read_threads=0)``), the readers at the forward's priority or lowered (``READ_NICENESS``): what the
     overlap gives;
@@ -39,6 +41,7 @@ import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -78,6 +81,27 @@ def described(weights: Path) -> tuple[str, tuple[int, int]]:
     return cfg.model.backbone, output_size(cfg.data.test_transform, cfg.data.image_size)
 
 
+def onnx_pass(weights: Path, threads: int, images: int) -> Callable[[], float]:
+    """A function timing onnxruntime's forward alone over ``images`` images (batches of 32 of one decoded,
+    transformed batch), in images/s: the same work as the index command's network, timed right before each of its
+    runs so that both see the machine at the same speed."""
+    torch.set_num_threads(threads)
+    model, cfg = model_from_checkpoint(weights, "cpu")
+    preprocessing = inference_preprocessing(cfg)
+    onnx, _ = prepare_network(model.eval(), preprocessing, model_fingerprint(model, preprocessing), runtime="onnx",
+                              threads=threads)
+    batch = torch.randn(32, 3, *output_size(cfg.data.test_transform, cfg.data.image_size),
+                        generator=torch.Generator().manual_seed(0))
+    onnx(batch)  # warm-up
+
+    def timed() -> float:
+        began = time.perf_counter()
+        for _ in range(-(-images // 32)):
+            onnx(batch)
+        return 32 * -(-images // 32) / (time.perf_counter() - began)
+    return timed
+
+
 def forward_alone(weights: Path, threads: int, rounds: int, runs: int) -> dict[str, dict[int, float]]:
     """``{runtime: {batch: seconds per batch}}``, the best median of ``rounds`` alternated rounds."""
     torch.set_num_threads(threads)
@@ -101,23 +125,27 @@ def forward_alone(weights: Path, threads: int, rounds: int, runs: int) -> dict[s
     return best
 
 
-def index_command(weights: Path, folder: Path, out: Path, threads: int, extra: list[str], runs: int
-                  ) -> dict[str, float]:
+def index_command(weights: Path, folder: Path, out: Path, threads: int, extra: list[str], runs: int,
+                  before: Callable[[], float] | None = None) -> dict[str, Any]:
     """Wall, user and system seconds of ``rankopt index`` (GNU ``time``), after one untimed run that warms the files
     and the runtime's cache: those of the fastest of ``runs`` runs (as for the network alone: another process on
-    the cores slows some runs, never speeds one up), and ``median_wall`` of them all."""
+    the cores slows some runs, never speeds one up), and ``median_wall`` of them all. ``before``: timed right before
+    each run (the forward alone, images/s); ``paired`` lists ``(its rate, the run's wall)`` per run."""
     command = [sys.executable, "-m", "rankopt", "index", str(weights), "--images", str(folder), *extra,
                "--threads", str(threads), "--no-progress", "--out", str(out)]
     subprocess.run([*command[:-1], f"{out}-warm-up"], check=True, capture_output=True)
-    timed = []
+    timed, paired = [], []
     for run in range(runs):
+        rate = before() if before is not None else float("nan")
         began = time.perf_counter()
         done = subprocess.run(["/usr/bin/time", "-f", "TIMES %U %S", *command[:-1], f"{out}-{run}"], check=True,
                               capture_output=True, text=True)
         wall = time.perf_counter() - began
         user, system = (float(v) for v in re.search(r"TIMES (\S+) (\S+)", done.stderr).groups())  # type: ignore[union-attr]
         timed.append({"wall": wall, "user": user, "system": system})
-    return {**min(timed, key=lambda t: t["wall"]), "median_wall": statistics.median(t["wall"] for t in timed)}
+        paired.append((rate, wall))
+    return {**min(timed, key=lambda t: t["wall"]), "median_wall": statistics.median(t["wall"] for t in timed),
+            "paired": paired}
 
 
 def reading_alone(embedder: Embedder, paths: list[Path]) -> float:
@@ -154,7 +182,8 @@ def main() -> int:
             target = folder / path.parent.name / path.name
             target.parent.mkdir(parents=True, exist_ok=True)
             os.symlink(path, target)
-        commands = {"defaults": index_command(args.weights, folder, Path(tmp) / "a", args.threads, [], index_runs),
+        commands = {"defaults": index_command(args.weights, folder, Path(tmp) / "a", args.threads, [], index_runs,
+                                              before=onnx_pass(args.weights, args.threads, len(chosen))),
                     "--runtime torch": index_command(args.weights, folder, Path(tmp) / "b", args.threads,
                                                      ["--runtime", "torch"], index_runs)}
         torch.set_num_threads(args.threads)
@@ -197,6 +226,14 @@ def main() -> int:
           f"{len(chosen) / t['wall']:.0f} | {len(chosen) / t['wall'] / onnx_rate:.2f}x | "
           f"{100 * t['system'] / max(t['user'] + t['system'], 1e-9):.1f} % | {t['median_wall']:.1f} | "
           f"{len(chosen) / t['median_wall'] / onnx_rate:.2f}x |" for name, t in commands.items()), "",
+        f"## Each run of `rankopt index WEIGHTS --images DIR` against onnxruntime's forward alone timed just before "
+        f"it ({len(chosen):,} images, batches of 32)", "",
+        "| run | forward alone (images/s) | index wall (s) | photos/s | vs the forward alone just before |",
+        "|---|---|---|---|---|",
+        *(f"| {i + 1} | {rate:.0f} | {wall:.1f} | {len(chosen) / wall:.0f} | {len(chosen) / wall / rate:.2f}x |"
+          for i, (rate, wall) in enumerate(commands["defaults"]["paired"])),
+        f"| median | | | | {statistics.median(len(chosen) / w / r for r, w in commands['defaults']['paired']):.2f}x |",
+        "",
         "## Reading ahead (the embedder on onnxruntime, batches of 32)", "",
         "| threads reading the next photos (their niceness above the forward's) | photos/s |", "|---|---|",
         *(f"| {threads} | {rate:.0f} |" for threads, rate in overlap.items()), "",

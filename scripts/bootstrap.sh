@@ -26,3 +26,7 @@ if [ -n "$extras" ]; then
 else
     .venv/bin/python -m pip install -q -e .
 fi
+# An editable install leaves the project's own modules uncompiled, and where PYTHONDONTWRITEBYTECODE is set (as in
+# many containers) Python never writes their bytecode: every command would compile them again (0.18 s of each
+# start, measured on `rankopt index`). Compiled once here; a module edited later is recompiled as usual.
+.venv/bin/python -m compileall -q src/rankopt

@@ -140,6 +140,26 @@ def test_chunked_embedding_gives_the_whole_batch_metrics(monkeypatch, tmp_path):
     assert chunked.metrics == whole.metrics
 
 
+
+def test_reading_ahead_on_cpu_reads_batches_of_at_most_cpu_batch_photos_with_the_same_embeddings(tmp_path):
+    """A 256-photo batch read ahead only held more decoded photos alive (the forward runs in chunks anyway): on CPU
+    the readers' batches are :data:`rankopt.data.reader.CPU_BATCH` photos at most, the embeddings unchanged."""
+    from rankopt.data.reader import CPU_BATCH
+
+    torch.manual_seed(0)
+    model = build_model(load_config(None, TINY)).eval()
+    dataset = build_dataset("image_folder", photo_tree(tmp_path / "photos", 10, 8), "all",
+                            transform=build_transform("test", 16))
+    sizes: list[int] = []
+    model.register_forward_pre_hook(lambda module, inputs: sizes.append(len(inputs[0])))
+    kw = {"batch_size": 256, "show_progress": False}
+    read_here = embed_and_score.embed_dataset(model, dataset, **kw)
+    assert sizes == [1, 80]  # the forward's chunk sized on one photo; read in the calling thread: the batch asked for
+    sizes.clear()
+    read_ahead = embed_and_score.embed_dataset(model, dataset, read_threads=2, **kw)
+    assert sizes == [1, CPU_BATCH, CPU_BATCH, 80 - 2 * CPU_BATCH]
+    torch.testing.assert_close(read_ahead.embeddings, read_here.embeddings, rtol=0, atol=1e-6)
+
 # ----------------------------------------------------------------------------- auto settings
 def test_sub_batch_size_fits_memory_and_kept_allocations():
     cpu = torch.device("cpu")

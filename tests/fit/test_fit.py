@@ -5,6 +5,7 @@ search, change and serve accept."""
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -348,3 +349,26 @@ def test_multiscale_is_compared_with_the_model_validation_may_score_and_indexed_
     assert lost.choice is None and "not kept" in lost.note and calls == [1]
     plain = try_multiscale(net, dataset, split, beaten, dba=True, steps_for="known", decide_on=["known"], **kw)  # no retrained model
     assert plain.embeddings is not None and torch.allclose(plain.embeddings, embed_multiscale(net, dataset, **kw))
+
+
+def test_a_tuning_too_short_to_score_each_candidate_is_skipped_and_said(tmp_path, pretrained, monkeypatch):
+    """Seconds of tuning on a folder whose validation takes longer would be minutes of scoring: the fit skips the
+    tuning when scoring each candidate once would take over ``SCORING_SHARE_MAX`` of it, and says so."""
+    import rankopt.fit.run as run_module
+
+    monkeypatch.setattr(run_module, "SCORING_SHARE_MAX", 1e-9)  # every scoring "too long" for the time left
+    taken: list[float] = []
+    real_tune = run_module.tune
+    monkeypatch.setattr(run_module, "tune", lambda *a, **k: (taken.append(k["seconds"]), real_tune(*a, **k))[1])
+    lines: list[str] = []
+    record = fit(photo_folder(tmp_path / "photos"), tmp_path / "run",
+                 FitSettings(minutes=1.0, weights=str(pretrained), lrs=(1e-4, 1e-3)), say=lines.append)
+    assert taken == [0.0]
+    said = next(line for line in lines if "no time was left to fine-tune" in line)
+    assert int(re.search(r"\((\d+) s were available\)", said).group(1)) >= 10  # time that would have run it
+    assert "its 2 candidates need" in said and "scoring each once on validation" in said
+    need_min, need_s = map(int, re.search(r"its 2 candidates need (\d+):(\d\d)", said).groups())
+    minutes = int(re.search(r"--minutes (\d+) would give the fine-tuning about half of it", said).group(1))
+    assert need_min > 1000 and minutes * 60 / 2 >= need_min * 60 + need_s - 1  # half of it holds the candidates
+    served = next(p for p in record["pipelines"] if p["name"] == record["chosen"]["served_name"])
+    assert served["model"] == "features" and len(Index.load(tmp_path / "run")) == CLASSES * PER_CLASS

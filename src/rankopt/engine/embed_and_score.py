@@ -48,7 +48,7 @@ from rankopt.config import EvalConfig
 from rankopt.console import bars_shown
 from rankopt.data.fast_transform import collate
 from rankopt.data.readable import ReadableCollate, SkipUnreadable
-from rankopt.data.reader import read_ahead
+from rankopt.data.reader import CPU_BATCH, read_ahead
 from rankopt.engine.distributed import gather_for_evaluation
 from rankopt.console import progress
 from rankopt.engine.relevance_batches import check_evaluation, check_splits, split_relevance, uses_multilabels
@@ -108,7 +108,8 @@ def embed_dataset(model: torch.nn.Module, dataset: Dataset, *, batch_size: int =
     :func:`rankopt.files.open_npy_atomic`) and the returned split's embeddings are that memory map. Under
     ``torch.distributed`` the shards are gathered in memory and rank 0 writes ``out``. ``read_threads`` (without
     ``num_workers``): the next batches are read on that many threads during the forward
-    (:func:`rankopt.data.reader.read_ahead`; datasets safe to read from several threads). ``unreadable`` (one
+    (:func:`rankopt.data.reader.read_ahead`; datasets safe to read from several threads), on CPU in batches of at
+    most :data:`rankopt.data.reader.CPU_BATCH`. ``unreadable`` (one
     process, no ``out``): an item whose image cannot be read (:class:`rankopt.data.readable.SkipUnreadable`) is left
     out and ``unreadable[position] = why`` recorded; the split holds the other items' rows, the dataset's metadata
     as it is (:func:`rankopt.data.readable.without_unreadable` makes the dataset of those items).
@@ -120,6 +121,8 @@ def embed_dataset(model: torch.nn.Module, dataset: Dataset, *, batch_size: int =
         raise ValueError("unreadable= needs one process and no out= file (check the images first: "
                          "rankopt.data.readable.readable_images)")
     shard = np.array_split(np.arange(len(dataset)), world)[rank]
+    if read_threads > 0 and num_workers == 0 and device.type == "cpu":
+        batch_size = min(batch_size, CPU_BATCH)  # the forward's chunks: larger read batches only hold more photos
     loader = _batches(dataset, shard.tolist(), batch_size, num_workers, read_threads, skip=unreadable is not None)
     was_training = model.training
     model.eval()

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import os
 import tempfile
 import time
@@ -81,6 +82,9 @@ POST_MARGIN = 1.25
 """Each fine-tuned model's post-processing choice is planned at this multiple of the features' (measured)."""
 NO_TIME_S = 1.0
 """Below this many seconds for the tuning, the fit says that the budget left no time to fine-tune."""
+SCORING_SHARE_MAX = 0.5
+"""The tuning runs only when scoring each candidate once on validation takes at most this share of its time (a
+large folder's validation, ~30 s, would otherwise turn seconds of tuning into minutes of scoring)."""
 TUNE_SPARE, REFIT_SPARE = 0.05, 0.02
 """Shares of the budget left unplanned after the tuning (for the retraining to run over its estimate) and after
 the retraining (for the stages after it)."""
@@ -199,7 +203,10 @@ def _add_pipelines(run: FitState, model: str, x: torch.Tensor) -> None:
     protocol and for both (a choice equal to one already listed is not repeated)."""
     split = run.split
     floor = open_floor(run.pipelines) if model != FEATURES and NEW in split.protocols else None
+    began = time.monotonic()
     run.pipelines.append(Pipeline(model, None, score_all(x, split), "none"))
+    if model == FEATURES:
+        run.score_s = time.monotonic() - began
     listed = {"none"}
     for protocol, choice in choose_for_protocols(x, split, dba=run.settings.dba, floor=floor).items():
         run.choices[model, protocol] = choice
@@ -253,7 +260,9 @@ def _tune(run: FitState) -> None:
     candidates = [Candidate(loss, lr) for loss in run.settings.losses for lr in run.settings.lrs]
     with clock.stage("tune") as stage:
         after = sum(v for k, v in clock.planned.items() if k != "tune")  # the stages after it, as planned
-        seconds = max(0.0, clock.left() - after - TUNE_SPARE * clock.budget_s)
+        available = max(0.0, clock.left() - after - TUNE_SPARE * clock.budget_s)
+        least = max(NO_TIME_S, len(candidates) * run.score_s / SCORING_SHARE_MAX)
+        seconds = available if available >= least else 0.0
         clock.plan("tune", seconds)
         refit_ratio = len(run.all_rows) / max(1, split.train.size) if run.settings.refit else 0.0
         features = next(p for p in run.pipelines if p.model == FEATURES and p.steps_for is None)  # scored
@@ -268,13 +277,23 @@ def _tune(run: FitState) -> None:
                 states.add(name, best.state)
         stage["done"] = "; ".join(f"best on {p} queries: {b.source} (mAP@R {b.metrics['map@r']:.4f})"
                                   for p, b in run.tuned.best.items())
-        stage["done"] += f"; {sum(t.steps for t in run.tuned.trials)} steps ({seconds:.0f} s were available)"
-        if seconds < NO_TIME_S:
-            run.no_time_to_tune = (f"the stages before took {clock_text(clock.elapsed())} of the "
-                                   f"{clock_text(clock.budget_s)} budget, and scoring and indexing a fine-tuned state "
-                                   f"would take about {clock_text(after)} more: --minutes "
-                                   f"{clock.minutes_leaving(0.5, after)} would give the fine-tuning about half of it")
+        stage["done"] += f"; {sum(t.steps for t in run.tuned.trials)} steps ({available:.0f} s were available)"
+        if seconds == 0.0:
+            run.no_time_to_tune = _no_time_to_tune(clock, available, least, after, len(candidates), run.score_s)
             stage["done"] += f"; no time was left to fine-tune: {run.no_time_to_tune}"
+
+
+def _no_time_to_tune(clock: Clock, available: float, least: float, after: float, candidates: int,
+                     score_s: float) -> str:
+    """Why the tuning did not run (``available`` seconds, under the ``least`` it needs), with the ``--minutes``
+    that would give it about half the budget and at least ``least``."""
+    minutes = max(clock.minutes_leaving(0.5, after), math.ceil(least / 0.5 / 60))
+    need = "" if least <= NO_TIME_S else \
+        (f" ({clock_text(available)} were left for it; its {candidates} candidates need {clock_text(least)}, so that "
+         f"scoring each once on validation, {score_s:.0f} s, takes at most half of it)")
+    return (f"the stages before took {clock_text(clock.elapsed())} of the {clock_text(clock.budget_s)} budget{need}, "
+            f"and scoring and indexing a fine-tuned state would take about {clock_text(after)} more: --minutes "
+            f"{minutes} would give the fine-tuning about half of it")
 
 
 def _tuned_name(protocol: str, primary: str) -> str:

@@ -59,6 +59,8 @@ class FitState:
     scratch: Path = Path()
     """A temporary folder for the fit's spilled files (removed when it ends)."""
     post_s: float = 0.0
+    score_s: float = 0.0
+    """Seconds of one scoring of the validation protocols (the features alone): each tuning candidate's least cost."""
     tail_s: float = 0.0
     """Seconds of one pass of every photo through the tail (the index's embedding)."""
 

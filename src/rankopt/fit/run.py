@@ -261,7 +261,8 @@ def _tune(run: FitState) -> None:
     with clock.stage("tune") as stage:
         after = sum(v for k, v in clock.planned.items() if k != "tune")  # the stages after it, as planned
         available = max(0.0, clock.left() - after - TUNE_SPARE * clock.budget_s)
-        least = max(NO_TIME_S, len(candidates) * run.score_s / SCORING_SHARE_MAX)
+        scoring_s = run.score_s + run.tail_s * len(split.rows) / max(1, len(run.all_rows))  # one validate()
+        least = max(NO_TIME_S, len(candidates) * scoring_s / SCORING_SHARE_MAX)
         seconds = available if available >= least else 0.0
         clock.plan("tune", seconds)
         refit_ratio = len(run.all_rows) / max(1, split.train.size) if run.settings.refit else 0.0
@@ -279,7 +280,7 @@ def _tune(run: FitState) -> None:
                                   for p, b in run.tuned.best.items())
         stage["done"] += f"; {sum(t.steps for t in run.tuned.trials)} steps ({available:.0f} s were available)"
         if seconds == 0.0:
-            run.no_time_to_tune = _no_time_to_tune(clock, available, least, after, len(candidates), run.score_s)
+            run.no_time_to_tune = _no_time_to_tune(clock, available, least, after, len(candidates), scoring_s)
             stage["done"] += f"; no time was left to fine-tune: {run.no_time_to_tune}"
 
 

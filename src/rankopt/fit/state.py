@@ -60,7 +60,8 @@ class FitState:
     """A temporary folder for the fit's spilled files (removed when it ends)."""
     post_s: float = 0.0
     score_s: float = 0.0
-    """Seconds of one scoring of the validation protocols (the features alone): each tuning candidate's least cost."""
+    """Seconds of one scoring of the validation protocols (the features alone); with the tail's pass over the
+    validation photos, each tuning candidate's least cost."""
     tail_s: float = 0.0
     """Seconds of one pass of every photo through the tail (the index's embedding)."""
 

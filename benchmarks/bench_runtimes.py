@@ -81,36 +81,37 @@ def described(weights: Path) -> tuple[str, tuple[int, int]]:
     return cfg.model.backbone, output_size(cfg.data.test_transform, cfg.data.image_size)
 
 
-def onnx_pass(weights: Path, threads: int, images: int) -> Callable[[], float]:
-    """A function timing onnxruntime's forward alone over ``images`` images (batches of 32 of one decoded,
-    transformed batch), in images/s: the same work as the index command's network, timed right before each of its
-    runs so that both see the machine at the same speed."""
-    torch.set_num_threads(threads)
-    model, cfg = model_from_checkpoint(weights, "cpu")
-    preprocessing = inference_preprocessing(cfg)
-    onnx, _ = prepare_network(model.eval(), preprocessing, model_fingerprint(model, preprocessing), runtime="onnx",
-                              threads=threads)
-    batch = torch.randn(32, 3, *output_size(cfg.data.test_transform, cfg.data.image_size),
-                        generator=torch.Generator().manual_seed(0))
-    onnx(batch)  # warm-up
-
-    def timed() -> float:
-        began = time.perf_counter()
-        for _ in range(-(-images // 32)):
-            onnx(batch)
-        return 32 * -(-images // 32) / (time.perf_counter() - began)
-    return timed
-
-
-def forward_alone(weights: Path, threads: int, rounds: int, runs: int) -> dict[str, dict[int, float]]:
-    """``{runtime: {batch: seconds per batch}}``, the best median of ``rounds`` alternated rounds."""
+def _networks(weights: Path, threads: int) -> tuple[torch.nn.Module, torch.nn.Module, tuple[int, int]]:
+    """``(PyTorch model, its onnxruntime network, (H, W))`` of the checkpoint, ``threads`` each."""
     torch.set_num_threads(threads)
     model, cfg = model_from_checkpoint(weights, "cpu")
     model.eval()
     preprocessing = inference_preprocessing(cfg)
     onnx, _ = prepare_network(model, preprocessing, model_fingerprint(model, preprocessing), runtime="onnx",
                               threads=threads)
-    size = output_size(cfg.data.test_transform, cfg.data.image_size)
+    return model, onnx, output_size(cfg.data.test_transform, cfg.data.image_size)
+
+
+def onnx_pass(weights: Path, threads: int, images: int) -> Callable[[], float]:
+    """A function timing onnxruntime's forward alone over ``images`` images (batches of 32 of one decoded,
+    transformed batch), in images/s: the same work as the index command's network, timed right before each of its
+    runs so that both see the machine at the same speed."""
+    _, onnx, size = _networks(weights, threads)
+    batch = torch.randn(32, 3, *size, generator=torch.Generator().manual_seed(0))
+    onnx(batch)  # warm-up
+    batches = -(-images // 32)
+
+    def timed() -> float:
+        began = time.perf_counter()
+        for _ in range(batches):
+            onnx(batch)
+        return 32 * batches / (time.perf_counter() - began)
+    return timed
+
+
+def forward_alone(weights: Path, threads: int, rounds: int, runs: int) -> dict[str, dict[int, float]]:
+    """``{runtime: {batch: seconds per batch}}``, the best median of ``rounds`` alternated rounds."""
+    model, onnx, size = _networks(weights, threads)
     best: dict[str, dict[int, float]] = {"pytorch": {}, "onnxruntime": {}}
     for batch in (1, 32):
         images = torch.randn(batch, 3, *size, generator=torch.Generator().manual_seed(0))

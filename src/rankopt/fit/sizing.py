@@ -1,11 +1,11 @@
 """How a fit sizes its work to the machine: threads, loader workers, batches, and the memory of the trunk cache.
 
 On a CPU the photos are decoded in the main process (workers would take the cores the network needs) and the
-trunk runs in batches of :data:`CPU_BATCH`, whose activations stay within the memory glibc keeps for reuse
-(``rankopt.runtime.keep_allocations``); on a GPU, loader workers decode beside it and batches are larger. The
-trunk outputs are kept in memory, at most :data:`CACHE_SHARE` of it, so that the whole process stays under half
-of the machine's memory; the mirrored copies are dropped first, and beyond that share the outputs are spilled to a
-temporary file (:meth:`Sizing.spills`).
+trunk runs in batches of :data:`rankopt.data.reader.CPU_BATCH` (the batch every CPU pass reads), whose activations
+stay within the memory glibc keeps for reuse (``rankopt.runtime.keep_allocations``); on a GPU, loader workers decode
+beside it and batches are larger. The trunk outputs are kept in memory, at most :data:`CACHE_SHARE` of it, so that
+the whole process stays under half of the machine's memory; the mirrored copies are dropped first, and beyond that
+share the outputs are spilled to a temporary file (:meth:`Sizing.spills`).
 """
 
 from __future__ import annotations
@@ -17,7 +17,9 @@ from typing import Any
 
 import torch
 
-CPU_BATCH, GPU_BATCH = 32, 128
+from rankopt.data.reader import CPU_BATCH
+
+GPU_BATCH = 128
 CACHE_SHARE = 0.25
 GPU_WORKERS = 8
 BUSY_WINDOW_S = 0.5

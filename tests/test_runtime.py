@@ -61,14 +61,18 @@ COLLECTION_AT_START = """
 import gc, sys, weakref
 import torch
 from rankopt.engine.embed_and_score import embed_dataset
-from rankopt.runtime import pause_collection, settle_heap
+from rankopt.runtime import freeze_imports, pause_collection, settle_heap
 sys.path.insert(0, sys.argv[1])
 from helpers.vectors import Points
 
 settle_heap()  # the collector is on: nothing is frozen
+freeze_imports()
 print(gc.isenabled(), gc.get_freeze_count() == 0)
 pause_collection()
 print(gc.isenabled())
+freeze_imports()  # what is alive once the imports are done: frozen now, not walked by the pass's first collection
+imported = gc.get_freeze_count()
+print(imported > 0)
 class Held:
     pass
 held = Held()
@@ -85,13 +89,14 @@ print(gc.collect() > 0)  # what the pass leaves in a cycle is still collected
 
 
 def test_the_collector_is_off_at_start_and_on_with_the_start_frozen_once_a_pass_begins():
-    """:func:`pause_collection` turns the collector off; the first long pass (an embedding) collects the start's cyclic
-    garbage and turns the collector back on with the start's objects frozen; :func:`settle_heap` changes nothing
-    where the collector is on (a library caller)."""
+    """:func:`pause_collection` turns the collector off; :func:`freeze_imports` freezes what is alive then (a
+    command's imports); the first long pass (an embedding) collects the cyclic garbage made since and turns the
+    collector back on with the start's objects frozen; neither changes anything where the collector is on (a
+    library caller)."""
     import subprocess
     from pathlib import Path
 
     tests = str(Path(__file__).parent)
     out = subprocess.run([sys.executable, "-c", COLLECTION_AT_START, tests], check=True, capture_output=True,
                          text=True).stdout.split()
-    assert out == ["True", "True", "False", "True", "True", "True", "True"]
+    assert out == ["True", "True", "False", "True", "True", "True", "True", "True"]

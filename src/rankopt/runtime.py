@@ -71,6 +71,16 @@ def pause_collection() -> None:
     gc.disable()
 
 
+def freeze_imports() -> None:
+    """Once a command has imported what its pass needs, with collection paused (:func:`pause_collection`): every
+    object alive then is put out of the collector's reach (``gc.freeze``). Imported modules, their functions and
+    classes (torch's: about 200,000 objects) are never garbage, so :func:`settle_heap`'s one collection walks only
+    what the command made since: 0.004 against 0.13 s in ``rankopt index`` (the ~800 objects imports leave in
+    cycles stay). Objects still die when their last reference goes. A no-op when the collector is on."""
+    if not gc.isenabled():
+        gc.freeze()
+
+
 def settle_heap() -> None:
     """Where a long pass starts (an embedding pass, training, the service): if :func:`pause_collection` turned the
     collector off, the garbage the start left in cycles is collected once (an ONNX export's graphs, decoding's

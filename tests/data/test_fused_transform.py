@@ -11,7 +11,6 @@ import os
 import threading
 from pathlib import Path
 
-import kornia.augmentation as K
 import numpy as np
 import pytest
 import torch
@@ -69,7 +68,7 @@ def test_fused_converts_any_mode_like_the_steps():
 def test_fused_covers_each_step_sequence():
     """Every supported sequence (with and without each optional step), and align_corners False."""
     normalize = NormalizeStep(*(torch.tensor(v).view(1, 3, 1, 1) for v in ([0.3, 0.4, 0.5], [0.2, 0.3, 0.4])))
-    crop = CenterCropStep((40, 30), K.CenterCrop((40, 30)))
+    crop = CenterCropStep((40, 30))
     sequences = [
         [normalize], [], [ResizeStep(50, True, True)], [ResizeStep((33, 71), True, False), normalize],
         [ResizeStep(48, False, True), crop], [crop, normalize],
@@ -85,7 +84,7 @@ def test_fused_covers_each_step_sequence():
 
 
 def test_center_crop_larger_than_the_image_falls_back_to_the_steps():
-    steps = (ResizeStep(20, True, True), CenterCropStep((32, 32), K.CenterCrop((32, 32))))
+    steps = (ResizeStep(20, True, True), CenterCropStep((32, 32)))
     path = FastPath(steps, fuse(steps))
     image = noise(30, 25, seed=1)
     assert path.fused is not None and path.fused(image) is None

@@ -332,16 +332,20 @@ def test_changes_keep_the_uid_and_a_copy_gets_its_own(index_dir, tmp_path):
 
 
 # ---------------------------------------------------------------------- slow clients
-def test_a_slow_client_is_cut_off(served):
+@pytest.mark.parametrize("parser", ["h11", "httptools"])
+def test_a_slow_client_is_cut_off(served, parser):
     """The review: slow clients were never timed out. A client trickling its headers, or its body, byte by byte
-    holds its connection at most --request-timeout seconds; the others are served meanwhile."""
+    holds its connection at most --request-timeout seconds, with either HTTP parser; the others are served
+    meanwhile."""
     import socket
 
     import httpx
 
     from helpers.servers import running_server
 
-    with running_server(served / "idx", "--request-timeout", "1.5") as url:
+    pytest.importorskip(parser)
+    with running_server(served / "idx", "--request-timeout", "1.5", "--http", parser) as url:
+        assert f"HTTP parsed by {parser}" in (served / f"server-{url.rsplit(':', 1)[1]}.log").read_text()
         port = int(url.rsplit(":", 1)[1])
         for head in (b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\n",
                      b"POST /search HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"

@@ -359,3 +359,24 @@ def test_a_missing_extra_is_one_line_with_the_install_hint(index_dir, monkeypatc
     assert main(["serve", str(index_dir)]) == 1
     err = capsys.readouterr().err.strip()
     assert err == "rankopt serve: error: rankopt serve needs uvicorn: pip install 'rankopt[serve]'"
+
+
+def test_the_http_parser_is_httptools_where_it_imports_else_h11(monkeypatch):
+    import sys
+
+    from uvicorn.protocols.http.h11_impl import H11Protocol
+
+    from rankopt.serve.server import http_parser, timed_protocol
+
+    assert http_parser("h11") == "h11" and issubclass(timed_protocol(1.0, "h11"), H11Protocol)
+    with pytest.raises(ValueError, match="one of auto, httptools, h11"):
+        http_parser("picohttp")
+    monkeypatch.setitem(sys.modules, "httptools", None)  # not installed: auto falls back, asking for it fails
+    assert http_parser("auto") == "h11"
+    with pytest.raises(ImportError, match="pip install httptools"):
+        http_parser("httptools")
+    monkeypatch.undo()
+    pytest.importorskip("httptools")
+    from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+    assert http_parser("auto") == "httptools" and issubclass(timed_protocol(1.0), HttpToolsProtocol)

@@ -50,6 +50,9 @@ def run(args: argparse.Namespace) -> int:
     from rankopt.engine.embed_and_score import embed_dataset
     from rankopt.files import open_npy_atomic, write_text_atomic
     from rankopt.models.fingerprint import model_fingerprint
+    from rankopt.runtime import freeze_imports
+
+    freeze_imports()
 
     if args.images is not None and (args.dataset is not None or args.split is not None):
         raise ValueError("use either --images DIR or --dataset/--split, not both")

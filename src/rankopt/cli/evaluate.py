@@ -52,7 +52,9 @@ def run(args: argparse.Namespace) -> int:
     from rankopt.files import write_text_atomic
     from rankopt.metrics import ALL_METRICS, check_metrics
     from rankopt.models.fingerprint import model_fingerprint
+    from rankopt.runtime import freeze_imports
 
+    freeze_imports()
     if args.split is not None and len(args.split) > 2:
         raise ValueError(f"--split takes one split (self-retrieval) or two (query gallery), got {args.split}")
     # every check that needs no image comes before the model embeds one (evaluate_model checks the label levels)

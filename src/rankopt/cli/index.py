@@ -62,7 +62,10 @@ def run(args: argparse.Namespace) -> int:
     from rankopt.cli._model import embedder_from_args
     from rankopt.cli._postprocess import postprocessing_from_args
     from rankopt.search import qdrant, sharded
+    from rankopt.runtime import freeze_imports
     from rankopt.search.storage import check_target
+
+    freeze_imports()
 
     if args.backend != "qdrant" and (args.qdrant_url or args.qdrant_collection):
         raise ValueError("--qdrant-url/--qdrant-collection go with --backend qdrant")

@@ -82,6 +82,9 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--request-timeout", type=bounded(float, 1e-3), default=service.request_timeout_s,
                         metavar="S", help="a request must arrive whole within S seconds, else its connection is "
                                           f"closed ({service.request_timeout_s:g})")
+    parser.add_argument("--http", choices=("auto", "httptools", "h11"), default=service.http,
+                        help="the HTTP parser: httptools (C) where installed, else h11 (pure Python) "
+                             f"({service.http})")
     parser.add_argument("--max-connections", type=bounded(int, 1), default=service.max_connections, metavar="N",
                         help=f"open connections at most; more are answered 503 ({service.max_connections})")
     parser.add_argument("--cors", action="append", default=[], metavar="ORIGIN",
@@ -93,8 +96,11 @@ def run(args: argparse.Namespace) -> int:
     from rankopt.serve import require_extra
 
     require_extra()  # else an ImportError with the install line (printed by rankopt.cli.main)
+    from rankopt.runtime import freeze_imports
     from rankopt.serve.images import check_formats
     from rankopt.serve.server import serve
+
+    freeze_imports()
 
     limits = Limits(max_upload_bytes=int(args.max_upload_mb * 2**20), max_pixels=args.max_pixels, max_k=args.max_k,
                     max_images=args.max_images,
@@ -102,6 +108,7 @@ def run(args: argparse.Namespace) -> int:
     settings = Settings(limits=limits, token=args.token or None, hosts=HostRule(args.host, tuple(args.allow_host)),
                         cors_origins=tuple(args.cors), max_batch=args.max_batch, max_wait_ms=args.batch_wait_ms,
                         reload_every_s=args.reload_every, threads=args.threads, runtime=args.runtime,
-                        port=args.port, request_timeout_s=args.request_timeout, max_connections=args.max_connections)
+                        port=args.port, request_timeout_s=args.request_timeout, http=args.http,
+                        max_connections=args.max_connections)
     serve(args.index, settings, checkpoint=args.checkpoint, onnx=args.onnx, device=args.device)
     return 0

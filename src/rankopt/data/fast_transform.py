@@ -2,8 +2,10 @@
 
 A kornia augmentation module has a fixed cost per call whatever the image size (parameter generation,
 checks, transformation matrices; timings in ``benchmarks/results/loader.md``), so a dataset
-transforming image by image spent most of its time there. :func:`compile_fast_path` reads the ops of
-a transform and returns the same computation on one ``(1, 3, H, W)`` image without that cost:
+transforming image by image spent most of its time there. A preset's steps here
+(:func:`rankopt.data.transforms.build_transform` makes them from the preset, :func:`fast_path` joins them) are
+the same computation on one ``(1, 3, H, W)`` image without that cost; kornia itself (0.15-0.25 s to import) is
+imported only where its ops run (:meth:`~rankopt.data.transforms.ImageTransform.reference`, a random affine):
 
 - ``Resize`` (kornia, bilinear): with ``antialias`` and a downscale, a Gaussian blur first with
   ``sigma_i = max((f_i - 1) / 2, 0.001)`` on each axis (``f_i`` = input / output size), kernel size
@@ -19,13 +21,10 @@ a transform and returns the same computation on one ``(1, 3, H, W)`` image witho
 - ``RandomHorizontalFlip`` with probability ``p``; ``Normalize``: ``(x - mean) / std``; rankopt's own
   modules (``AreaResize``) are called as they are.
 
-Any other op (e.g. ``RandomAffine``) makes :func:`compile_fast_path` return None: the kornia
-pipeline runs. Steps in the order ``[Resize] [CenterCrop | RandomResizedCrop] [Flip] [Normalize]`` (every
-preset but the area-resized ones) also get a :class:`FusedPath`: one compiled pass from the uint8 pixels
+A preset with any other op (``RandomAffine``) has no fast path: the kornia pipeline runs. Steps in the order
+``[Resize] [CenterCrop | RandomResizedCrop] [Flip] [Normalize]`` (every preset but the area-resized ones) also get a :class:`FusedPath`: one compiled pass from the uint8 pixels
 to the model input computing only the output window (:mod:`rankopt.data._resample_kernels`), cheaper
 than the steps, which stay its reference (:meth:`FastPath.stepwise`, tests: 1e-5).
-:func:`decode_min_side` gives the shorter side a decoded image must keep for the first resize (the
-JPEG draft decode of :func:`rankopt.data.decode.decode_image`).
 
 The stepwise ops and :func:`collate` (the DataLoaders' batching) run on one intra-op thread
 (:func:`one_thread`; the fused path runs no torch op but the draws and leaves the thread count alone):
@@ -36,16 +35,15 @@ them (``benchmarks/results/loader.md``).
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import kornia.augmentation as K
 import numpy as np
 import torch
 import torch.nn.functional as F
-from kornia.constants import Resample
 from PIL import Image
 from torch.utils.data import default_collate
 
@@ -140,15 +138,23 @@ class ResizeStep:
         return antialiased_resize(x, size, antialias=self.antialias, align_corners=self.align_corners)
 
 
+@functools.lru_cache(maxsize=8)
+def _kornia_center_crop(size: tuple[int, int]) -> torch.nn.Module:
+    import kornia.augmentation as K  # noqa: PLC0415 - slow import, for images smaller than the window only
+
+    return K.CenterCrop(size)
+
+
 @dataclass(frozen=True)
 class CenterCropStep:
+    """The centre ``size`` window; an image smaller than it goes through kornia's ``CenterCrop`` (its padding)."""
+
     size: tuple[int, int]
-    fallback: torch.nn.Module  # the kornia op, for an image smaller than the window
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         (height, width), (h, w) = x.shape[-2:], self.size
         if h > height or w > width:
-            return self.fallback(x)
+            return _kornia_center_crop(self.size)(x)
         top, left = (height - h) // 2, (width - w) // 2
         return x[..., top : top + h, left : left + w]
 
@@ -213,39 +219,6 @@ class NormalizeStep:
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         return (x - self.mean) / self.std
-
-
-def _pair(size: int | Sequence[int]) -> tuple[int, int]:
-    return (int(size), int(size)) if isinstance(size, int) else (int(size[0]), int(size[1]))
-
-
-def _bilinear(op: torch.nn.Module) -> bool:
-    return op.flags.get("resample") == Resample.BILINEAR and op.flags.get("cropping_mode", "slice") == "slice"
-
-
-def _step(op: torch.nn.Module) -> Step | None:
-    """The fast equivalent of one op, or None when there is none."""
-    flags = getattr(op, "flags", {})
-    if isinstance(op, AreaResize):
-        return op
-    if isinstance(op, K.Resize) and _bilinear(op) and (flags["side"] == "short" or not isinstance(flags["size"], int)):
-        size = flags["size"] if isinstance(flags["size"], int) else _pair(flags["size"])
-        return ResizeStep(size, bool(flags["antialias"]), flags["align_corners"])
-    if isinstance(op, K.CenterCrop) and _bilinear(op):
-        return CenterCropStep(_pair(flags["size"]), op)
-    if isinstance(op, K.RandomResizedCrop) and _bilinear(op):
-        generator = getattr(op, "_param_generator", None)
-        scale, ratio = getattr(generator, "scale", None), getattr(generator, "ratio", None)
-        if scale is None or ratio is None or op.p != 1.0:
-            return None
-        return RandomResizedCropStep(_pair(flags["size"]), (float(scale[0]), float(scale[1])),
-                                     (float(ratio[0]), float(ratio[1])), flags["align_corners"])
-    if isinstance(op, K.RandomHorizontalFlip) and op.p_batch == 1.0:
-        return FlipStep(float(op.p))
-    if isinstance(op, K.Normalize):
-        mean, std = (torch.as_tensor(flags[k], dtype=torch.float32).reshape(1, -1, 1, 1) for k in ("mean", "std"))
-        return NormalizeStep(mean, std)
-    return None
 
 
 def _channels_last_tensor(image: Image.Image) -> torch.Tensor:
@@ -374,23 +347,6 @@ class FastPath:
             return x[0].contiguous()
 
 
-def compile_fast_path(ops: Sequence[torch.nn.Module]) -> FastPath | None:
-    """The fast per-image path of ``ops`` (see the module docstring), or None if an op has none."""
-    steps = [_step(op) for op in ops]
-    if any(step is None for step in steps):
-        return None
-    return FastPath(tuple(steps), fuse(steps))  # type: ignore[arg-type]
-
-
-def decode_min_side(ops: Sequence[torch.nn.Module]) -> int | None:
-    """The shorter side a decoded image needs for the first op (a resize): its shorter-side target, or the
-    larger side of a fixed ``(h, w)``; None when the first op is no resize."""
-    first = ops[0] if len(ops) else None
-    if isinstance(first, AreaResize):
-        return max(first.size)
-    if isinstance(first, K.Resize):
-        size = first.flags["size"]
-        if not isinstance(size, int):
-            return max(_pair(size))
-        return size if first.flags["side"] == "short" else None
-    return None
+def fast_path(steps: Sequence[Step]) -> FastPath:
+    """The per-image path of ``steps``: fused when they follow its sequence (:func:`fuse`)."""
+    return FastPath(tuple(steps), fuse(steps))

@@ -39,17 +39,18 @@ Randomness comes from torch's global RNG (deterministic given its state, e.g. pe
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-import kornia.augmentation as K
 import numpy as np
 import torch
 from PIL import Image
 
 from rankopt.checks import ImageSize, parse_image_size
-from rankopt.data.fast_transform import AreaResize, compile_fast_path, decode_min_side
+from rankopt.data.fast_transform import (AreaResize, CenterCropStep, FlipStep, NormalizeStep, RandomResizedCropStep,
+                                         ResizeStep, Step, fast_path)
 from rankopt.data.image_files import pil_to_tensor, to_rgb
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
@@ -104,15 +105,22 @@ class ImageTransform:
     ``transform=None``) is faster than per image: kornia's per-call cost is paid once (measured:
     benchmarks/results/loader.md).
     A PIL image takes ``fast`` (the same ops in plain torch, :mod:`rankopt.data.fast_transform`) when
-    every op has one; :meth:`reference` runs the kornia ops. ``decode_min_side``: the shorter side the
-    first resize needs (a dataset may decode JPEGs at reduced size, :mod:`rankopt.data.decode`).
+    every op has one; :meth:`reference` runs the kornia ops (:attr:`ops`, made and kornia imported on first
+    use). ``decode_min_side``: the shorter side the first resize needs (a dataset may decode JPEGs at
+    reduced size, :mod:`rankopt.data.decode`).
     """
 
-    def __init__(self, preset: str, ops: torch.nn.Sequential) -> None:
+    def __init__(self, preset: str, spec: Preset, crop: int, width: int, resize: int) -> None:
         self.preset = preset
-        self.ops = ops
-        self.fast = compile_fast_path(ops)
-        self.decode_min_side = decode_min_side(ops)
+        self._made = (spec, crop, width, resize)
+        steps = _fast_steps(spec, crop, width, resize)
+        self.fast = None if steps is None else fast_path(steps)
+        self.decode_min_side = max(crop, width) if spec.square else resize
+
+    @functools.cached_property
+    def ops(self) -> torch.nn.Sequential:
+        """The preset's kornia ops (what :attr:`fast` reproduces)."""
+        return _kornia_ops(*self._made)
 
     @property
     def takes_pixels(self) -> bool:
@@ -149,7 +157,7 @@ class ImageTransform:
             return self.ops(x) if x.ndim == 4 else self.ops(x.unsqueeze(0)).squeeze(0)
 
     def __repr__(self) -> str:
-        return f"ImageTransform({self.preset!r}, {self.ops})"
+        return f"ImageTransform({self.preset!r}, output {self._made[1]}x{self._made[2]})"
 
 
 def output_size(preset: str, image_size: ImageSize = None) -> tuple[int, int]:
@@ -211,6 +219,15 @@ def build_transform(preset: str, image_size: ImageSize = None) -> ImageTransform
     crop, width = output_size(preset, image_size)
     resize = (math.floor(max(crop, width) / spec.crop_pct) if spec.crop_pct
               else round(spec.resize * max(crop, width) / spec.crop))
+    return ImageTransform(preset, spec, crop, width, resize)
+
+
+def _kornia_ops(spec: Preset, crop: int, width: int, resize: int) -> torch.nn.Sequential:
+    """The preset's ops as kornia modules: a square resize (by area, or bilinear with anti-aliasing) and a random
+    affine, or a shorter-side resize and a crop (random resized when training, else central); a horizontal flip
+    when training; the normalisation."""
+    import kornia.augmentation as K  # noqa: PLC0415 - 0.15-0.25 s to import: only where these ops run
+
     ops: list[torch.nn.Module] = []
     if spec.square:
         ops.append(AreaResize((crop, width)) if spec.area else K.Resize((crop, width), antialias=True))
@@ -225,4 +242,24 @@ def build_transform(preset: str, image_size: ImageSize = None) -> ImageTransform
     if spec.train and spec.flip:
         ops.append(K.RandomHorizontalFlip())
     ops.append(K.Normalize(torch.tensor(spec.mean), torch.tensor(spec.std)))
-    return ImageTransform(preset, torch.nn.Sequential(*ops))
+    return torch.nn.Sequential(*ops)
+
+
+def _fast_steps(spec: Preset, crop: int, width: int, resize: int) -> list[Step] | None:
+    """:func:`_kornia_ops` as the steps of :mod:`rankopt.data.fast_transform` (kornia's defaults: bilinear,
+    ``align_corners=True``, flip probability 1/2), or None for a random affine, which has none (tests: each preset
+    against its kornia ops)."""
+    if spec.train and spec.affine:
+        return None
+    steps: list[Step] = []
+    if spec.square:
+        steps.append(AreaResize((crop, width)) if spec.area else ResizeStep((crop, width), True, True))
+    else:
+        steps.append(ResizeStep(resize, True, True))
+        steps.append(RandomResizedCropStep((crop, width), spec.scale, spec.ratio, True) if spec.train
+                     else CenterCropStep((crop, width)))
+    if spec.train and spec.flip:
+        steps.append(FlipStep(0.5))
+    mean, std = (torch.tensor(values, dtype=torch.float32).reshape(1, -1, 1, 1) for values in (spec.mean, spec.std))
+    steps.append(NormalizeStep(mean, std))
+    return steps

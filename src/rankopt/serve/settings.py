@@ -69,7 +69,8 @@ class Settings:
     and of onnxruntime's forward when it runs the model; ``runtime``: what runs the forward (``auto``, ``torch``,
     ``onnx``; :mod:`rankopt.export.runtimes`); ``workers``: threads decoding uploads and thumbnails; ``port``: the
     port bound (the interface is ``hosts.bound``); ``request_timeout_s``: a request must arrive whole within it,
-    else its connection is closed; ``max_connections``: open connections at most (more are answered 503). The
+    else its connection is closed; ``http``: the HTTP parser (``auto``: httptools where installed, else h11;
+    :func:`rankopt.serve.server.http_parser`); ``max_connections``: open connections at most (more are answered 503). The
     command line's defaults are these."""
 
     limits: Limits = Limits()
@@ -84,4 +85,5 @@ class Settings:
     workers: int = os.cpu_count() or 1
     port: int = 8080
     request_timeout_s: float = 30.0
+    http: str = "auto"
     max_connections: int = 512

@@ -2,8 +2,8 @@
 
 HTTP is parsed by httptools where it is installed (the ``serve`` extra installs it), else by h11 (pure Python);
 uvicorn runs its event loop on uvloop where that is installed (also in the extra, not on Windows). One uploaded
-query's latency with both, against h11 on asyncio: 0.28 ms lower at a p50 of 12.5 ms (requests alternating
-between the servers, ``benchmarks/results/serve_ab.md``).
+query's latency with both, against h11 on asyncio: 0.16-0.51 ms lower at a p50 of about 12.5 ms in three runs of
+requests alternating between the servers (``benchmarks/results/serve_ab.md``).
 
 Connections are bounded: a request must arrive whole (headers and body) within ``request_timeout_s`` of the
 connection opening or of the previous answer, else the connection is closed (a client trickling bytes holds

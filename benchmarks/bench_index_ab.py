@@ -29,7 +29,7 @@ from pathlib import Path
 import torch
 
 from bench_runtimes import photos
-from bench_serve_ab import described
+from bench_serve_ab import code_versions, described, emit
 
 
 def timed_index(weights: Path, folder: Path, out: Path, source: Path) -> float:
@@ -53,9 +53,7 @@ def main() -> None:
     args = parser.parse_args()
     if args.root is None or not args.root.is_dir():
         raise SystemExit("needs --root (Caltech-101's 101_ObjectCategories) or RANKOPT_CALTECH101")
-    versions = [text.split("=", 1) for text in args.code]
-    if len(versions) < 2 or any(len(v) != 2 or not (Path(v[1]) / "rankopt").is_dir() for v in versions):
-        raise SystemExit("give two or more --code NAME=SRC, SRC holding a rankopt package")
+    versions = code_versions(args.code)
     date = f"{datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC"
     walls: list[list[float]] = [[] for _ in versions]
     with tempfile.TemporaryDirectory(prefix="bench_index_ab.") as work:
@@ -86,11 +84,7 @@ def main() -> None:
     for (name, _), values in zip(versions, walls):
         median = statistics.median(values)
         lines.append(f"| {name} | {' '.join(f'{v:.2f}' for v in values)} | {median:.2f} | {median - first:+.2f} s |")
-    text = "\n".join(lines) + "\n"
-    print(text)
-    if args.out:
-        args.out.write_text(text)
-        print(f"wrote {args.out}")
+    emit("\n".join(lines) + "\n", args.out)
 
 
 if __name__ == "__main__":

@@ -95,6 +95,22 @@ def described(source: Path) -> str:
     return f"commit {commit}" + (" with changes not committed" if git("status", "--porcelain", "--", ".") else "")
 
 
+def code_versions(codes: list[str]) -> list[tuple[str, str]]:
+    """``--code NAME=SRC`` values as ``(name, src)`` pairs: two or more, each ``src`` holding a rankopt package."""
+    versions = [tuple(text.split("=", 1)) for text in codes]
+    if len(versions) < 2 or any(len(v) != 2 or not (Path(v[-1]) / "rankopt").is_dir() for v in versions):
+        raise SystemExit("give two or more --code NAME=SRC, SRC holding a rankopt package")
+    return versions  # type: ignore[return-value]
+
+
+def emit(text: str, out: Path | None) -> None:
+    """``text`` printed, and written to ``out`` when given."""
+    print(text)
+    if out:
+        out.write_text(text)
+        print(f"wrote {out}")
+
+
 def table(args: argparse.Namespace, versions: list[tuple[str, str]], latencies: list[list[float]], date: str) -> str:
     first = float(np.percentile(latencies[0], 50))
     shown = [f"--code {name}=SRC" for name, _ in versions] + [f"--requests {args.requests}", f"--warm-up {args.warm_up}"]
@@ -132,9 +148,7 @@ def main() -> None:
     if not args.root or not Path(args.root).is_dir() or not args.weights or not Path(args.weights).is_file():
         raise SystemExit("needs --root (Caltech-101) and --weights (MobileNetV2): or set RANKOPT_CALTECH101 and "
                          "RANKOPT_WEIGHTS_MOBILENETV2")
-    versions = [text.split("=", 1) for text in args.code]
-    if len(versions) < 2 or any(len(v) != 2 or not (Path(v[1]) / "rankopt").is_dir() for v in versions):
-        raise SystemExit("give two or more --code NAME=SRC, SRC holding a rankopt package")
+    versions = code_versions(args.code)
     date = f"{datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC"
     gallery, queries = caltech_split(Path(args.root), 10, 40, 5)
     with tempfile.TemporaryDirectory(prefix="bench_serve_ab.") as work:
@@ -154,11 +168,7 @@ def main() -> None:
             for process, _ in servers:
                 process.terminate()
                 process.wait(timeout=60)
-    text = table(args, [(name, source) for name, source in versions], latencies, date)
-    print(text)
-    if args.out:
-        args.out.write_text(text)
-        print(f"wrote {args.out}")
+    emit(table(args, versions, latencies, date), args.out)
 
 
 if __name__ == "__main__":

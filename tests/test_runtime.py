@@ -71,8 +71,7 @@ print(gc.isenabled(), gc.get_freeze_count() == 0)
 pause_collection()
 print(gc.isenabled())
 freeze_imports()  # what is alive once the imports are done: frozen now, not walked by the pass's first collection
-imported = gc.get_freeze_count()
-print(imported > 0)
+print(gc.get_freeze_count() > 0)
 class Held:
     pass
 held = Held()

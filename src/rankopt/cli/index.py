@@ -61,8 +61,8 @@ def register(subparsers: Any) -> None:
 def run(args: argparse.Namespace) -> int:
     from rankopt.cli._model import embedder_from_args
     from rankopt.cli._postprocess import postprocessing_from_args
-    from rankopt.search import qdrant, sharded
     from rankopt.runtime import freeze_imports
+    from rankopt.search import qdrant, sharded
     from rankopt.search.storage import check_target
 
     freeze_imports()

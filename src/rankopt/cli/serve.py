@@ -18,7 +18,7 @@ from typing import Any
 
 from rankopt.cli._model import add_index_argument, add_index_model_options
 from rankopt.serve.limits import Limits
-from rankopt.serve.settings import HostRule, Settings
+from rankopt.serve.settings import HTTP_PARSERS, HostRule, Settings
 
 TOKEN_ENV = "RANKOPT_SERVE_TOKEN"
 
@@ -82,7 +82,7 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--request-timeout", type=bounded(float, 1e-3), default=service.request_timeout_s,
                         metavar="S", help="a request must arrive whole within S seconds, else its connection is "
                                           f"closed ({service.request_timeout_s:g})")
-    parser.add_argument("--http", choices=("auto", "httptools", "h11"), default=service.http,
+    parser.add_argument("--http", choices=HTTP_PARSERS, default=service.http,
                         help="the HTTP parser: httptools (C) where installed, else h11 (pure Python) "
                              f"({service.http})")
     parser.add_argument("--max-connections", type=bounded(int, 1), default=service.max_connections, metavar="N",

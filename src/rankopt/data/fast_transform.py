@@ -22,9 +22,10 @@ imported only where its ops run (:meth:`~rankopt.data.transforms.ImageTransform.
   modules (``AreaResize``) are called as they are.
 
 A preset with any other op (``RandomAffine``) has no fast path: the kornia pipeline runs. Steps in the order
-``[Resize] [CenterCrop | RandomResizedCrop] [Flip] [Normalize]`` (every preset but the area-resized ones) also get a :class:`FusedPath`: one compiled pass from the uint8 pixels
-to the model input computing only the output window (:mod:`rankopt.data._resample_kernels`), cheaper
-than the steps, which stay its reference (:meth:`FastPath.stepwise`, tests: 1e-5).
+``[Resize] [CenterCrop | RandomResizedCrop] [Flip] [Normalize]`` (every preset but the area-resized ones) also get
+a :class:`FusedPath`: one compiled pass from the uint8 pixels to the model input computing only the output window
+(:mod:`rankopt.data._resample_kernels`), cheaper than the steps, which stay its reference
+(:meth:`FastPath.stepwise`, tests: 1e-5).
 
 The stepwise ops and :func:`collate` (the DataLoaders' batching) run on one intra-op thread
 (:func:`one_thread`; the fused path runs no torch op but the draws and leaves the thread count alone):

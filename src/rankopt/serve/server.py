@@ -20,7 +20,7 @@ from rankopt.runtime import settle_heap
 from rankopt.serve.app import create_app
 from rankopt.serve.batcher import default_threads
 from rankopt.serve.holder import IndexHolder
-from rankopt.serve.settings import LOCAL_NAMES, Settings
+from rankopt.serve.settings import HTTP_PARSERS, LOCAL_NAMES, Settings
 
 KEEP_ALIVE_S = 5
 
@@ -30,9 +30,6 @@ def check_host(host: str, token: str | None) -> None:
     if host not in LOCAL_NAMES and not token:
         raise ValueError(f"binding {host!r} makes the index reachable from other machines: pass --token T "
                          f"(clients then send Authorization: Bearer T), or bind 127.0.0.1")
-
-
-HTTP_PARSERS = ("auto", "httptools", "h11")
 
 
 def http_parser(choice: str = "auto") -> str:

@@ -12,6 +12,8 @@ from dataclasses import dataclass
 from rankopt.serve.limits import Limits
 
 LOCAL_NAMES = ("localhost", "127.0.0.1", "::1")
+HTTP_PARSERS = ("auto", "httptools", "h11")
+"""``rankopt serve --http`` (:func:`rankopt.serve.server.http_parser`)."""
 WILDCARDS = frozenset({"0.0.0.0", "::", ""})
 
 
@@ -70,8 +72,8 @@ class Settings:
     ``onnx``; :mod:`rankopt.export.runtimes`); ``workers``: threads decoding uploads and thumbnails; ``port``: the
     port bound (the interface is ``hosts.bound``); ``request_timeout_s``: a request must arrive whole within it,
     else its connection is closed; ``http``: the HTTP parser (``auto``: httptools where installed, else h11;
-    :func:`rankopt.serve.server.http_parser`); ``max_connections``: open connections at most (more are answered 503). The
-    command line's defaults are these."""
+    :func:`rankopt.serve.server.http_parser`); ``max_connections``: open connections at most (more are answered
+    503). The command line's defaults are these."""
 
     limits: Limits = Limits()
     token: str | None = None
